@@ -1,0 +1,114 @@
+"""What every architecture's model is: a metatomic-compatible module with a baseline.
+
+An architecture only turns systems into per-atom contributions (``atomic_features`` ->
+``per_atom_outputs``). This base class adds the per-element composition baseline and the
+target scale that the framework fits, sums atoms into structures and packs the results
+as metatensor ``TensorMap``, so the same module is used for training and, wrapped by
+metatomic's ``AtomisticModel``, in ASE, LAMMPS and i-PI.
+"""
+
+
+from typing import Dict, List, Optional
+
+import torch
+from metatensor.torch import Labels, TensorBlock, TensorMap
+from metatomic.torch import ModelOutput, NeighborListOptions, System
+
+from ..data.dataset import DatasetInfo
+
+
+def output_name(target: str) -> str:
+    """Name of a target among metatomic outputs: 'energy' is standard, others are ours."""
+    return "energy" if target == "energy" else f"mtt::{target}"
+
+
+class CompositionBaseline(torch.nn.Module):
+    """Per-element offsets and a scale per target, fitted by the framework before training."""
+
+    def __init__(self, atomic_types: List[int], n_targets: int):
+        super().__init__()
+        index = torch.full((max(atomic_types) + 1,), -1, dtype=torch.long)
+        index[torch.tensor(atomic_types)] = torch.arange(len(atomic_types))
+        self.register_buffer("type_to_index", index)
+        self.register_buffer("weights", torch.zeros(len(atomic_types), n_targets, dtype=torch.float64))
+        self.register_buffer("scales", torch.ones(n_targets, dtype=torch.float64))
+
+    def forward(self, types: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+        """Per-atom outputs: the element's offset plus the scaled network contribution."""
+        offsets = self.weights.to(raw.dtype)[self.type_to_index[types.long()]]
+        return offsets + raw * self.scales.to(raw.dtype)
+
+
+class Model(torch.nn.Module):
+    """Base class of the models of all architectures."""
+
+    def __init__(self, info: DatasetInfo):
+        super().__init__()
+        self.atomic_types: List[int] = list(info.atomic_types)
+        self.output_names: List[str] = [output_name(t) for t in info.targets]
+        self.composition = CompositionBaseline(self.atomic_types, len(self.output_names))
+        self._properties = Labels("_", torch.tensor([[0]]))
+
+    # -- what an architecture implements -------------------------------------------------
+    def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
+        """Network contribution of every atom, (total atoms, number of targets).
+
+        Atoms are ordered system by system, as in ``systems``.
+        """
+        raise NotImplementedError
+
+    def requested_neighbor_lists(self) -> List[NeighborListOptions]:
+        return []
+
+    @torch.jit.unused
+    def interaction_range(self) -> float:
+        return 0.0
+
+    # -- what the framework provides ----------------------------------------------------
+    def forward(
+        self,
+        systems: List[System],
+        outputs: Dict[str, ModelOutput],
+        selected_atoms: Optional[Labels] = None,
+    ) -> Dict[str, TensorMap]:
+        types = torch.cat([s.types for s in systems])
+        device = types.device
+        n_atoms = torch.tensor([len(s) for s in systems], device=device)
+        system_of_atom = torch.repeat_interleave(torch.arange(len(systems), device=device), n_atoms)
+        atom_in_system = torch.arange(len(types), device=device) - torch.repeat_interleave(
+            torch.cumsum(n_atoms, 0) - n_atoms, n_atoms
+        )
+        per_atom = self.composition(types, self.per_atom_outputs(systems))
+        if selected_atoms is not None:
+            selected = torch.zeros(len(types), dtype=torch.bool, device=device)
+            offsets = torch.cumsum(n_atoms, 0) - n_atoms
+            chosen = selected_atoms.values.to(device)
+            selected[offsets[chosen[:, 0]] + chosen[:, 1]] = True
+            per_atom = per_atom[selected]
+            system_of_atom = system_of_atom[selected]
+            atom_in_system = atom_in_system[selected]
+
+        results: Dict[str, TensorMap] = {}
+        for i, name in enumerate(self.output_names):
+            if name not in outputs:
+                continue
+            values = per_atom[:, i : i + 1]
+            if outputs[name].sample_kind == "atom":
+                samples = Labels(
+                    ["system", "atom"],
+                    torch.stack([system_of_atom, atom_in_system], dim=1).to(torch.int32),
+                )
+            else:
+                summed = torch.zeros((len(systems), 1), dtype=values.dtype, device=device)
+                values = summed.index_add(0, system_of_atom, values)
+                samples = Labels(
+                    ["system"], torch.arange(len(systems), device=device, dtype=torch.int32)[:, None]
+                )
+            block = TensorBlock(
+                values=values,
+                samples=samples,
+                components=[],
+                properties=self._properties.to(device),
+            )
+            results[name] = TensorMap(Labels("_", torch.tensor([[0]], device=device)), [block])
+        return results

@@ -1,0 +1,107 @@
+"""Checkpoints (versioned, written atomically, loaded without running pickled code) and
+export to the metatomic format."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import __version__
+from .errors import CheckpointError
+
+FORMAT = "mtt-checkpoint"
+#: bump when the layout changes, and add an upgrade from the previous version below
+VERSION = 1
+#: upgrades[v] turns a version-v checkpoint into a version v+1 one
+UPGRADES: dict[int, Callable[[dict], dict]] = {}
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` so that a crash never leaves a half-written file at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content = {"format": FORMAT, "version": VERSION, "mtt_version": __version__, **state}
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save(content, temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read and upgrade a checkpoint; refuse anything that is not one of ours."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint '{path}' does not exist.")
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as error:
+        raise CheckpointError(
+            f"'{path}' is not a readable mtt checkpoint ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else 'truncated or corrupt'}).",
+            hint="It may be truncated or corrupt, or another program's file. Use a .ckpt "
+            "file from the 'checkpoints' folder of an mtt run, or model.ckpt.",
+        ) from error
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
+        raise CheckpointError(
+            f"'{path}' is not an mtt checkpoint.",
+            hint="Exported models (.pt) cannot be restarted from; use the run's .ckpt files.",
+        )
+    version = content.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise CheckpointError(
+            f"'{path}' has checkpoint version {version}, newer than this mtt ({__version__}) "
+            f"reads (up to {VERSION}).",
+            hint="Upgrade mtt to use it: pip install --upgrade mtt.",
+        )
+    while content["version"] < VERSION:
+        content = UPGRADES[content["version"]](content)
+    return content
+
+
+def export_model(model: torch.nn.Module, info, name: str, path: Path, authors: list[str] | None = None) -> Path:
+    """Save ``model`` as a metatomic ``AtomisticModel``; extensions go next to it."""
+    from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
+
+    dtype = next(iter(model.state_dict().values())).dtype
+    model = model.to("cpu").eval()
+    outputs = {}
+    for target, output in zip(info.targets.values(), model.output_names):
+        outputs[output] = ModelOutput(
+            unit=target.unit,
+            sample_kind="system",
+            explicit_gradients=[],
+            description=target.description or f"{target.name}, trained with mtt",
+        )
+    capabilities = ModelCapabilities(
+        outputs=outputs,
+        atomic_types=list(info.atomic_types),
+        interaction_range=float(model.interaction_range()),
+        length_unit="angstrom",
+        supported_devices=["cpu", "cuda"],
+        dtype="float64" if dtype == torch.float64 else "float32",
+    )
+    metadata = ModelMetadata(
+        name=f"mtt {name}",
+        description=f"{name} model trained with mtt {__version__}",
+        authors=authors or [],
+    )
+    exported = AtomisticModel(model, metadata, capabilities)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        exported.save(str(temporary), collect_extensions=str(path.parent / "extensions"))
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    return path

@@ -1,0 +1,207 @@
+"""Compose the options of a run: packaged defaults < options.yaml < command line."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .. import architectures
+from ..errors import OptionsError
+from ..training.hypers import TrainerHypers
+from .options import RunOptions
+from .schema import defaults_of, parse_options
+
+GROUPS = ("architecture", "distributed", "dataset")
+_BOOLEAN_WORDS = {"true": "true", "on": "true", "yes": "true", "false": "false", "off": "false", "no": "false"}
+
+
+@dataclass
+class ComposedOptions:
+    """The composed options as plain data, and their parsed, typed parts."""
+
+    raw: dict
+    run: RunOptions
+    model_hypers: Any
+    trainer_hypers: TrainerHypers
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.raw, sort_keys=False)
+
+
+def read_options_file(path: Path) -> dict:
+    """The user's YAML file as a dictionary, with clear errors for the usual mistakes."""
+    if not path.exists():
+        raise OptionsError(
+            f"options file '{path}' does not exist.",
+            hint="Give the path of your options.yaml: `mtt train options.yaml`.",
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise OptionsError(f"'{path}' is not valid YAML:\n{error}") from error
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise OptionsError(f"'{path}' must hold a mapping of options (key: value), not {type(data).__name__}.")
+    return data
+
+
+def _split_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Separate config-group choices from value overrides, and normalise both."""
+    groups, values = {}, []
+    for override in overrides:
+        if "=" not in override:
+            if override.endswith((".yaml", ".yml")):
+                raise OptionsError(
+                    f"'{override}' looks like a second options file; mtt takes one.",
+                    hint="Overrides come after the file as key=value, e.g. architecture.training.num_epochs=5.",
+                )
+            raise OptionsError(
+                f"override '{override}' has no '='.",
+                hint="Write overrides as key=value, e.g. seed=3 or distributed=true.",
+            )
+        key, value = override.split("=", 1)
+        bare = key.lstrip("+~")
+        if bare in GROUPS and "." not in bare:
+            groups[bare] = _BOOLEAN_WORDS.get(value.strip().strip("'\"").lower(), value.strip("'\""))
+        elif key.startswith(("+", "~")):
+            values.append(override)
+        else:
+            # add-or-override: unknown keys are then reported by our validation with a
+            # "did you mean", rather than by Hydra's struct check
+            values.append(f"++{key}={_quote_if_needed(value)}")
+    return groups, values
+
+
+def _quote_if_needed(value: str) -> str:
+    """Quote values Hydra's grammar would reject, such as paths containing '='."""
+    if "=" in value and not (value[:1] in "'\"" and value[-1:] == value[:1]):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return value
+
+
+def _absolute_paths(node: Any, base_dir: Path) -> Any:
+    """Make every dataset path absolute, so the composed file runs from anywhere."""
+    if isinstance(node, str):
+        return str((base_dir / node).resolve()) if not Path(node).is_absolute() else node
+    if isinstance(node, list):
+        return [_absolute_paths(n, base_dir) for n in node]
+    if isinstance(node, dict):
+        node = dict(node)
+        if isinstance(node.get("systems"), (str, dict)):
+            systems = node["systems"]
+            if isinstance(systems, str):
+                node["systems"] = _absolute_paths(systems, base_dir)
+            elif isinstance(systems.get("read_from"), str):
+                node["systems"] = {**systems, "read_from": _absolute_paths(systems["read_from"], base_dir)}
+        for target in (node.get("targets") or {}).values():
+            if isinstance(target, dict) and isinstance(target.get("read_from"), str):
+                target["read_from"] = _absolute_paths(target["read_from"], base_dir)
+        return node
+    return node
+
+
+def _store_configs(user: dict, chosen: architectures.Architecture) -> None:
+    """Register the defaults that come from code, and the user's file, with Hydra."""
+    store = ConfigStore.instance()
+    base = defaults_of(RunOptions)
+    for group in GROUPS:
+        base.pop(group)
+    store.store(name="base", node=base)
+    trainer = defaults_of(TrainerHypers)
+    for name in architectures.available():
+        # only the chosen architecture is imported; its model defaults come from its hypers
+        model = defaults_of(chosen.hypers_class) if name == chosen.name else {}
+        store.store(group="architecture", name=name, node={"name": name, "model": model, "training": trainer})
+    store.store(name="user_options", node=user)
+
+
+def load_options(path: str | Path, overrides: list[str] | None = None) -> ComposedOptions:
+    """Compose, validate and type the options of a run."""
+    path = Path(path)
+    user = read_options_file(path)
+    groups, values = _split_overrides(list(overrides or []))
+
+    # choices of config groups made inside the file
+    if isinstance(user.get("distributed"), bool):
+        groups.setdefault("distributed", "true" if user.pop("distributed") else "false")
+    name = groups.get("architecture") or (user.get("architecture") or {}).get("name", "soap_bpnn")
+    if not isinstance(name, str):
+        raise OptionsError(f"'architecture.name' must be a string, got {name!r}.")
+    architectures.check_name(name)
+    groups["architecture"] = name
+    if isinstance(user.get("architecture"), dict):
+        user["architecture"] = {**user["architecture"], "name": name}
+    for group, choice in groups.items():
+        if group == "distributed" and choice not in ("true", "false"):
+            raise OptionsError(f"distributed={choice} is not valid.", hint="Use distributed=true or distributed=false.")
+        if group == "dataset" and choice != "ase":
+            raise OptionsError(f"dataset={choice} is not valid.", hint="The only dataset reader is 'ase'.")
+
+    architecture = architectures.load(name)
+    _store_configs(user, architecture)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="mtt.config.conf", version_base=None):
+            cfg = compose(
+                config_name="mtt",
+                overrides=[f"{g}='{c}'" for g, c in groups.items()] + values,
+            )
+    except (HydraException, OmegaConfBaseException) as error:
+        raise OptionsError(
+            f"could not apply the command-line overrides: {error}",
+            hint="Overrides use Hydra's syntax: key=value, quoted values for text with "
+            "special characters (key='a=b'), +key=value to add a key.",
+        ) from error
+    finally:
+        GlobalHydra.instance().clear()
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("training_set", "validation_set", "test_set"):
+        if key in raw:
+            raw[key] = _apply_dataset_defaults(_absolute_paths(raw[key], path.parent.resolve()), raw["dataset"])
+    return _validate(raw, architecture)
+
+
+def _apply_dataset_defaults(value: Any, defaults: dict) -> Any:
+    if isinstance(value, list):
+        return [_apply_dataset_defaults(v, defaults) for v in value]
+    if isinstance(value, str):
+        value = {"systems": {"read_from": value}}
+    if isinstance(value, dict) and isinstance(value.get("systems"), dict):
+        value = {**value, "systems": {**defaults, **value["systems"]}}
+    return value
+
+
+def _validate(raw: dict, architecture) -> ComposedOptions:
+    problems: list[str] = []
+
+    def attempt(cls, data, where):
+        try:
+            return parse_options(cls, data, where)
+        except OptionsError as error:
+            problems.extend(line[4:] for line in error.message.splitlines()[1:])
+            return None
+
+    run = attempt(RunOptions, raw, "")
+    arch = raw.get("architecture") or {}
+    model = attempt(architecture.hypers_class, arch.get("model"), "architecture.model")
+    trainer = attempt(TrainerHypers, arch.get("training"), "architecture.training")
+    if problems:
+        raise OptionsError(
+            "the options are not valid:\n" + "\n".join(f"  - {p}" for p in problems),
+            hint="Fix these in the options file or in the command-line overrides.",
+        )
+    if run.seed is None:
+        run.seed = random.SystemRandom().randrange(2**31)
+        raw["seed"] = run.seed
+    return ComposedOptions(raw=raw, run=run, model_hypers=model, trainer_hypers=trainer)

@@ -1,0 +1,45 @@
+"""The top-level options of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from .schema import REQUIRED, option
+
+
+@dataclass
+class ArchitectureOptions:
+    name: str = option("soap_bpnn", "Architecture to train (soap_bpnn, composition, or a plug-in).")
+    model: Any = option({}, "Model hyperparameters of the architecture.")
+    training: Any = option({}, "Training hyperparameters (the Trainer's).")
+
+
+@dataclass
+class DistributedOptions:
+    enabled: bool = option(False, "Train with several processes (set with distributed=true).")
+    port: Optional[int] = option(
+        None, "Rendezvous port; default: MASTER_PORT if set, else derived from the SLURM job id."
+    )
+    timeout: float = option(120.0, "Seconds to wait for every rank at start-up before failing.")
+
+
+@dataclass
+class DatasetDefaults:
+    reader: Literal["ase"] = option("ase", "Default reader of dataset files.")
+    length_unit: str = option("angstrom", "Default length unit of dataset files.")
+
+
+@dataclass
+class RunOptions:
+    """Everything ``mtt train`` reads from options.yaml and the command line."""
+
+    training_set: Any = option(REQUIRED, "Training data: a file, a dataset block or a list of blocks.")
+    validation_set: Any = option(0.1, "Fraction of the training data, or dataset block(s).")
+    test_set: Any = option(0.1, "Fraction of the training data, or dataset block(s); 0 for none.")
+    seed: Optional[int] = option(None, "Random seed; a random one is chosen and recorded when null.")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N.")
+    base_precision: Literal[32, 64] = option(64, "Floating point precision: 32 or 64.")
+    architecture: ArchitectureOptions = option(ArchitectureOptions(), "The architecture and its hyperparameters.")
+    distributed: DistributedOptions = option(DistributedOptions(), "Multi-process training.")
+    dataset: DatasetDefaults = option(DatasetDefaults(), "Defaults for every dataset block.")

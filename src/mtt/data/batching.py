@@ -1,0 +1,103 @@
+"""Turn structures into batches of metatomic systems, with neighbour lists cached.
+
+Neighbour lists depend only on the positions, which do not change during training, so
+they are computed once per structure and re-attached (with autograd registered, so that
+forces and stress flow through them) every time the structure is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from metatensor.torch import TensorBlock
+from metatomic.torch import NeighborListOptions, System, register_autograd_neighbors
+from vesin.metatomic import NeighborList
+
+from .readers import Structure
+
+
+def compute_neighbor_lists(structures: list[Structure], requests: list[NeighborListOptions]) -> None:
+    """Compute and store on each structure the neighbour lists the model asks for."""
+    calculators = [NeighborList(options, "angstrom") for options in requests]
+    for structure in structures:
+        system = System(structure.types, structure.positions, structure.cell, structure.pbc)
+        structure.neighbors = [
+            (options, calculator.compute(system))
+            for options, calculator in zip(requests, calculators)
+        ]
+
+
+@dataclass
+class Batch:
+    """Several structures ready for the model, and their reference values."""
+
+    systems: list[System]
+    positions: list[torch.Tensor]  # the leaves forces are taken against
+    strains: torch.Tensor | None  # (n_systems, 3, 3) displacement for stress, or None
+    n_atoms: torch.Tensor  # (n_systems,)
+    values: dict[str, torch.Tensor]  # name -> (n_systems,)
+    forces: dict[str, torch.Tensor]  # name -> (n_atoms_total, 3)
+    stress: dict[str, torch.Tensor]  # name -> (n_systems, 3, 3)
+
+
+def make_batch(
+    structures: list[Structure],
+    dtype: torch.dtype,
+    device: torch.device,
+    forces: bool,
+    stress: bool,
+) -> Batch:
+    """Build the systems of a batch; positions (and a strain) require grad when needed."""
+    strains = None
+    if stress:
+        strains = torch.zeros((len(structures), 3, 3), dtype=dtype, device=device, requires_grad=True)
+    systems, leaves = [], []
+    for i, structure in enumerate(structures):
+        positions = structure.positions.to(device=device, dtype=dtype).detach()
+        cell = structure.cell.to(device=device, dtype=dtype)
+        if forces or stress:
+            positions.requires_grad_(True)
+        leaves.append(positions)
+        if strains is not None:
+            deformation = torch.eye(3, dtype=dtype, device=device) + strains[i]
+            positions = positions @ deformation
+            cell = cell @ deformation
+        system = System(
+            structure.types.to(device), positions, cell, structure.pbc.to(device)
+        )
+        for options, block in structure.neighbors:
+            neighbors = TensorBlock(
+                block.values.to(device=device, dtype=dtype, copy=True),
+                block.samples.to(device),
+                [c.to(device) for c in block.components],
+                block.properties.to(device),
+            )
+            if forces or stress:
+                register_autograd_neighbors(system, neighbors)
+            system.add_neighbor_list(options, neighbors)
+        systems.append(system)
+
+    def stack(get):
+        names = structures[0].__dict__[get].keys()
+        return {n: torch.stack([s.__dict__[get][n] for s in structures]).to(device, dtype) for n in names}
+
+    return Batch(
+        systems=systems,
+        positions=leaves,
+        strains=strains,
+        n_atoms=torch.tensor([len(s) for s in structures], device=device),
+        values={n: v.reshape(-1) for n, v in stack("values").items()},
+        forces={
+            n: torch.cat([s.forces[n] for s in structures]).to(device, dtype)
+            for n in structures[0].forces
+        },
+        stress=stack("stress"),
+    )
+
+
+def batch_indices(n_items: int, batch_size: int, generator: torch.Generator | None) -> list[list[int]]:
+    """Indices of each batch; shuffled when a generator is given."""
+    order = torch.randperm(n_items, generator=generator) if generator is not None else torch.arange(n_items)
+    order = order.tolist()
+    return [order[i : i + batch_size] for i in range(0, n_items, batch_size)]

@@ -1,0 +1,95 @@
+"""The dataset blocks of the options file, with the short forms users write.
+
+``training_set: data.xyz`` is short for a block whose systems are read from that file; the
+validation and test sets are a fraction of the training set, a block or a list of blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
+from ..config.schema import REQUIRED, option, parse_options
+
+
+@dataclass
+class SystemsOptions:
+    """Where the structures come from."""
+
+    read_from: str = option(REQUIRED, "Path of the file with the structures (any format ASE reads).")
+    reader: Literal["ase"] = option("ase", "Library used to read the file.")
+    length_unit: str = option("angstrom", "Unit of positions and cells: angstrom, bohr or nm.")
+
+
+@dataclass
+class DerivativeOptions:
+    """Where forces, stress or virial of an energy target are read from."""
+
+    key: str = option(REQUIRED, "Name of the array (forces) or info field (stress, virial).")
+    read_from: Optional[str] = option(None, "File to read them from; default: the systems file.")
+
+
+@dataclass
+class TargetOptions:
+    """One quantity to learn, read from the dataset file."""
+
+    key: Optional[str] = option(None, "Name of the field in the file; default: the target name.")
+    unit: str = option("", "Unit of the values in the file (eV, kcal/mol, Hartree, ...).")
+    quantity: str = option(
+        "", "'energy' for an energy with forces and stress; default: 'energy' for a target named energy."
+    )
+    read_from: Optional[str] = option(None, "File to read the values from; default: the systems file.")
+    per_atom: bool = option(False, "Only per-structure targets are supported; must be false.")
+    type: Literal["scalar"] = option("scalar", "Only scalar targets are supported.")
+    num_subtargets: int = option(1, "Only single-valued targets are supported; must be 1.")
+    description: str = option("", "Free text stored in the exported model.")
+    forces: Union[bool, str, DerivativeOptions, None] = option(
+        None,
+        "Forces of an energy target: a key, on/off, or {key, read_from}. Default: the "
+        "'forces' array when the file has one.",
+    )
+    stress: Union[bool, str, DerivativeOptions, None] = option(
+        None,
+        "Stress (3x3, energy/length^3) of an energy target. Default: the 'stress' field "
+        "when the file has one.",
+    )
+    virial: Union[bool, str, DerivativeOptions, None] = option(
+        None,
+        "Virial (3x3, energy) of an energy target, used as stress = -virial / volume. "
+        "Default: the 'virial' field when the file has one and no stress is given.",
+    )
+
+
+@dataclass
+class DatasetOptions:
+    """One dataset: structures and the targets read alongside them."""
+
+    systems: SystemsOptions = option(REQUIRED, "The structures.")
+    targets: dict[str, TargetOptions] = option({}, "The quantities to learn, by name.")
+
+
+SplitOptions = Union[float, list]
+
+
+def parse_dataset_list(value: Any, path: str) -> list[DatasetOptions]:
+    """Expand the short forms of a dataset entry and parse each block."""
+    blocks = value if isinstance(value, list) else [value]
+    expanded = []
+    for block in blocks:
+        if isinstance(block, str):
+            block = {"systems": {"read_from": block}}
+        elif isinstance(block, dict):
+            block = dict(block)
+            if isinstance(block.get("systems"), str):
+                block["systems"] = {"read_from": block["systems"]}
+            targets = block.get("targets")
+            if isinstance(targets, dict):
+                block["targets"] = {
+                    name: ({"key": t} if isinstance(t, str) else t)
+                    for name, t in targets.items()
+                }
+        expanded.append(block)
+    paths = [path] if len(expanded) == 1 and not isinstance(value, list) else [
+        f"{path}[{i}]" for i in range(len(expanded))
+    ]
+    return [parse_options(DatasetOptions, b, p) for b, p in zip(expanded, paths)]

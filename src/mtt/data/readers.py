@@ -1,0 +1,244 @@
+"""Read structures and targets from files with ASE, converting units on the way in."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ase
+import ase.io
+import numpy as np
+import torch
+
+from ..errors import DataError
+from .options import DatasetOptions, DerivativeOptions, TargetOptions
+from .units import energy_factor, length_factor, property_factor
+
+
+@dataclass
+class TargetInfo:
+    """What one target is: its name, unit and which derivatives are learned."""
+
+    name: str
+    quantity: str  # "energy" or "" (a generic per-structure scalar)
+    unit: str  # internal unit of the values
+    forces: bool = False
+    stress: bool = False
+    description: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Structure:
+    """One structure with its reference values, in internal units (eV, Å)."""
+
+    types: torch.Tensor  # (n_atoms,) int32 atomic numbers
+    positions: torch.Tensor  # (n_atoms, 3) float64
+    cell: torch.Tensor  # (3, 3) float64, zeros for molecules
+    pbc: torch.Tensor  # (3,) bool
+    values: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (1,)
+    forces: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (n_atoms, 3)
+    stress: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (3, 3)
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+
+def resolve_path(path: str, base_dir: Path) -> Path:
+    """Relative dataset paths are relative to the options file's folder."""
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else base_dir / candidate
+
+
+def read_frames(path: Path) -> list[ase.Atoms]:
+    """All frames of a file, with a clear error for missing or malformed files."""
+    if not path.exists():
+        raise DataError(
+            f"dataset file '{path}' does not exist.",
+            hint="Check 'read_from' in the options; relative paths are taken from the "
+            "folder of the options file.",
+        )
+    try:
+        frames = ase.io.read(path, index=":")
+    except Exception as error:  # ASE raises many types for malformed files
+        raise DataError(
+            f"could not read '{path}' with ASE: {type(error).__name__}: {error}",
+            hint="Check that the file is complete and in a format ASE reads (the extension "
+            "selects the format, e.g. .xyz for extended XYZ).",
+        ) from error
+    if not isinstance(frames, list):
+        frames = [frames]
+    if len(frames) == 0:
+        raise DataError(f"dataset file '{path}' holds no structure.")
+    return frames
+
+
+def _lookup(atoms: ase.Atoms, key: str, per_atom: bool):
+    if per_atom and key in atoms.arrays:
+        return atoms.arrays[key]
+    if not per_atom and key in atoms.info:
+        return atoms.info[key]
+    results = atoms.calc.results if atoms.calc is not None else {}
+    if key in results:
+        return results[key]
+    return None
+
+
+def _available_keys(atoms: ase.Atoms) -> list[str]:
+    keys = set(atoms.info) | (set(atoms.arrays) - {"numbers", "positions"})
+    if atoms.calc is not None:
+        keys |= set(atoms.calc.results)
+    return sorted(keys)
+
+
+def has_key(frames: list[ase.Atoms], key: str, per_atom: bool) -> bool:
+    return _lookup(frames[0], key, per_atom) is not None
+
+
+def _require(atoms, key, per_atom, index, path, what) -> np.ndarray:
+    value = _lookup(atoms, key, per_atom)
+    if value is None:
+        raise DataError(
+            f"{what} key '{key}' not found in structure {index} of '{path}'.",
+            hint=f"Keys in that structure: {', '.join(_available_keys(atoms)) or 'none'}. "
+            "Set 'key' in the target options to one of them.",
+        )
+    array = np.asarray(value, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise DataError(
+            f"{what} '{key}' is NaN or infinite in structure {index} of '{path}'.",
+            hint="Remove that structure from the dataset or fix its value.",
+        )
+    return array
+
+
+def _derivative_key(option, default_key: str, frames, per_atom: bool, where: str):
+    """The key of forces/stress/virial to read, or None when not learned."""
+    if option is None:  # automatic: use the conventional key when the file has it
+        return default_key if has_key(frames, default_key, per_atom) else None
+    if option is False or (isinstance(option, str) and option.lower() in ("off", "false", "no")):
+        return None
+    if option is True or (isinstance(option, str) and option.lower() in ("on", "true", "yes")):
+        return default_key
+    if isinstance(option, DerivativeOptions):
+        if option.read_from is not None:
+            raise DataError(
+                f"'{where}.read_from' is not supported: {where} must be stored in the same "
+                "file as the structures.",
+                hint=f"Remove '{where}.read_from' and add the values to the systems file.",
+            )
+        return option.key
+    return option
+
+
+def read_dataset(options: DatasetOptions, base_dir: Path, where: str):
+    """Read one dataset block: its structures and target descriptions."""
+    path = resolve_path(options.systems.read_from, base_dir)
+    frames = read_frames(path)
+    l_factor = length_factor(options.systems.length_unit, f"{where}.systems.length_unit")
+
+    targets: list[tuple[TargetInfo, TargetOptions, float, str | None, str | None, str | None]] = []
+    for name, target in options.targets.items():
+        twhere = f"{where}.targets.{name}"
+        if target.read_from is not None and resolve_path(target.read_from, base_dir) != path:
+            raise DataError(
+                f"'{twhere}.read_from' points to another file than the systems; reading "
+                "targets from a separate file is not supported.",
+                hint="Store the targets in the same file as the structures.",
+            )
+        if target.per_atom or target.num_subtargets != 1:
+            raise DataError(
+                f"'{twhere}': only per-structure scalar targets are supported "
+                "(per_atom: false, num_subtargets: 1).",
+            )
+        quantity = target.quantity or ("energy" if name == "energy" else "")
+        if quantity == "energy":
+            factor, unit = energy_factor(target.unit or "eV", f"{twhere}.unit"), "eV"
+            forces = _derivative_key(target.forces, "forces", frames, True, f"{twhere}.forces")
+            stress = _derivative_key(target.stress, "stress", frames, False, f"{twhere}.stress")
+            virial = None
+            if stress is None:
+                virial = _derivative_key(target.virial, "virial", frames, False, f"{twhere}.virial")
+        else:
+            factor, unit = property_factor(target.unit, f"{twhere}.unit")
+            for kind in ("forces", "stress", "virial"):
+                if getattr(target, kind) not in (None, False, "off"):
+                    raise DataError(
+                        f"'{twhere}.{kind}' needs an energy target (quantity: energy).",
+                    )
+            forces = stress = virial = None
+        info = TargetInfo(
+            name=name,
+            quantity=quantity,
+            unit=unit,
+            forces=forces is not None,
+            stress=stress is not None or virial is not None,
+            description=target.description,
+        )
+        targets.append((info, target, factor, forces, stress, virial))
+
+    structures = []
+    for index, atoms in enumerate(frames):
+        positions = torch.tensor(atoms.positions * l_factor, dtype=torch.float64)
+        pbc = torch.tensor(atoms.pbc, dtype=torch.bool)
+        cell = torch.tensor(atoms.cell.array * l_factor, dtype=torch.float64)
+        cell = torch.where(pbc[:, None], cell, torch.zeros_like(cell))
+        structure = Structure(
+            types=torch.tensor(atoms.numbers, dtype=torch.int32),
+            positions=positions,
+            cell=cell,
+            pbc=pbc,
+        )
+        for info, target, factor, forces, stress, virial in targets:
+            key = target.key or info.name
+            value = _require(atoms, key, False, index, path, f"target '{info.name}'")
+            if value.size != 1:
+                raise DataError(
+                    f"target '{info.name}' (key '{key}') in structure {index} of '{path}' "
+                    f"has {value.size} values, expected one number per structure.",
+                )
+            structure.values[info.name] = torch.tensor([float(value.reshape(()))]) * factor
+            if forces is not None:
+                array = _require(atoms, forces, True, index, path, f"forces of '{info.name}'")
+                if array.shape != (len(atoms), 3):
+                    raise DataError(
+                        f"forces '{forces}' in structure {index} of '{path}' have shape "
+                        f"{array.shape}, expected ({len(atoms)}, 3).",
+                    )
+                structure.forces[info.name] = torch.tensor(array) * (factor / l_factor)
+            if stress is not None or virial is not None:
+                structure.stress[info.name] = _read_stress(
+                    atoms, stress, virial, index, path, info.name, factor, l_factor
+                )
+        structures.append(structure)
+    return structures, [t[0] for t in targets], path
+
+
+def _read_stress(atoms, stress_key, virial_key, index, path, name, factor, l_factor):
+    if not atoms.pbc.all():
+        raise DataError(
+            f"structure {index} of '{path}' is not periodic in all directions, but a "
+            f"stress or virial is read for '{name}'.",
+            hint="Stress is only defined for periodic systems; set 'stress: off' and "
+            "'virial: off' for datasets with molecules or slabs.",
+        )
+    key = stress_key if stress_key is not None else virial_key
+    array = _require(atoms, key, False, index, path, f"stress/virial of '{name}'")
+    if array.size == 6:  # Voigt order xx yy zz yz xz xy
+        xx, yy, zz, yz, xz, xy = array.reshape(6)
+        array = np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+    if array.size != 9:
+        raise DataError(
+            f"'{key}' in structure {index} of '{path}' has {array.size} values, expected a "
+            "3x3 matrix (9 values) or 6 Voigt components.",
+        )
+    array = torch.tensor(array.reshape(3, 3))
+    if stress_key is not None:
+        return array * (factor / l_factor**3)
+    volume = abs(float(np.linalg.det(atoms.cell.array))) * l_factor**3
+    if math.isclose(volume, 0.0):
+        raise DataError(f"structure {index} of '{path}' has a zero cell volume.")
+    return -array * factor / volume

@@ -1,0 +1,80 @@
+"""The errors users meet, each saying whose problem it is and how to fix it.
+
+The dispatcher in :mod:`mtt.__main__` prints these as one short message. Anything else
+that escapes a command is an internal bug of mtt, and is reported as such.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable, Sequence
+
+
+class MttError(Exception):
+    """Base class of every error with a message written for the user."""
+
+    #: shown before the message, says whose problem it is
+    kind = "error"
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n{self.hint}"
+        return self.message
+
+
+class OptionsError(MttError):
+    """The options file or a command-line override is wrong."""
+
+    kind = "invalid options"
+
+
+class DataError(MttError):
+    """A dataset file is missing, malformed or inconsistent with the options."""
+
+    kind = "invalid data"
+
+
+class CheckpointError(MttError):
+    """A checkpoint cannot be used (missing, corrupt, foreign or too new)."""
+
+    kind = "invalid checkpoint"
+
+
+class EnvironmentProblem(MttError):
+    """The machine or cluster is not set up as the run needs (ports, launchers, GPUs)."""
+
+    kind = "environment problem"
+
+
+class ArchitectureError(MttError):
+    """An exception raised inside an architecture's own code."""
+
+    kind = "architecture error"
+
+    def __init__(self, architecture: str, maintainers: Sequence[str], original: BaseException):
+        who = ", ".join(maintainers) if maintainers else "its authors"
+        message = (
+            f"The error below most likely originates from the '{architecture}' "
+            f"architecture. Please report it to its maintainers ({who}), with the "
+            f"error.log file of the run.\n{type(original).__name__}: {original}"
+        )
+        super().__init__(message)
+        self.architecture = architecture
+        self.original = original
+
+
+def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> str:
+    """A short ' Did you mean X?' suffix, or an empty string when nothing is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{prefix}{close[0]}'?" if close else ""
+
+
+class TrainingDiverged(MttError):
+    """The loss became NaN or infinite."""
+
+    kind = "training diverged"

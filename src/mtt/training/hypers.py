@@ -1,0 +1,63 @@
+"""Hyperparameters of the one Trainer, shared by every architecture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+from ..config.schema import option
+
+
+@dataclass
+class LossHypers:
+    type: Literal["mse", "mae", "huber"] = option("mse", "Loss function for every target.")
+    weights: dict[str, float] = option(
+        {},
+        "Weight of each term, by target name; 'forces' and 'stress' weigh the "
+        "derivatives of the energy. Missing terms weigh 1.",
+    )
+    huber_delta: float = option(1.0, "Transition point of the Huber loss, on normalised errors.")
+
+
+@dataclass
+class TrainerHypers:
+    """How the model is trained; read from ``architecture.training``."""
+
+    batch_size: int = option(16, "Structures per optimisation step.")
+    num_epochs: int = option(100, "Passes over the training set.")
+    learning_rate: float = option(0.01, "Peak learning rate, reached after the warm-up.")
+    optimizer: Literal["adam", "adamw"] = option("adam", "Optimiser.")
+    weight_decay: float = option(0.0, "Weight decay (decoupled with adamw).")
+    warmup_fraction: float = option(0.01, "Fraction of all steps spent ramping the learning rate up linearly.")
+    lr_schedule: Literal["cosine", "constant"] = option(
+        "cosine", "Learning rate after the warm-up: cosine decay or constant."
+    )
+    final_lr_fraction: float = option(0.01, "With the cosine schedule, final learning rate / peak.")
+    loss: Union[Literal["mse", "mae", "huber"], LossHypers] = option(
+        "mse", "Loss: a type for every target, or {type, weights, huber_delta}."
+    )
+    best_model_metric: Literal["loss", "rmse_prod", "mae_prod"] = option(
+        "rmse_prod",
+        "Validation figure that picks the best model: the loss, or the product of the "
+        "RMSEs (MAEs) of every target.",
+    )
+    scale_targets: bool = option(True, "Divide targets by their spread so every term starts near 1.")
+    fixed_composition_weights: dict[str, dict[int, float]] = option(
+        {}, "Per-element baseline values to use instead of fitting them: {target: {Z: value}}."
+    )
+    checkpoint_interval: int = option(25, "Write a checkpoint every this many epochs.")
+    log_interval: int = option(1, "Print a progress line every this many epochs (files only).")
+    log_mae: bool = option(False, "Print MAEs beside RMSEs in the progress lines.")
+    max_grad_norm: Optional[float] = option(None, "Clip the gradient norm to this value.")
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.num_epochs < 0:
+            raise ValueError("batch_size must be >= 1 and num_epochs >= 0")
+        if self.learning_rate <= 0 or not 0 <= self.warmup_fraction < 1:
+            raise ValueError("learning_rate must be > 0 and warmup_fraction in [0, 1)")
+        if self.checkpoint_interval < 1 or self.log_interval < 1:
+            raise ValueError("checkpoint_interval and log_interval must be >= 1")
+
+    @property
+    def loss_hypers(self) -> LossHypers:
+        return LossHypers(type=self.loss) if isinstance(self.loss, str) else self.loss

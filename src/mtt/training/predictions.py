@@ -1,0 +1,51 @@
+"""Model predictions for a batch: per-structure values and, by autograd, forces and stress.
+
+Derivatives are the framework's job, so every architecture gets forces and stress the
+same way metatomic engines compute them from an exported model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from metatomic.torch import ModelOutput
+
+from ..data.batching import Batch
+from ..data.dataset import DatasetInfo
+
+
+# Training differentiates forces with respect to the weights, never twice with respect to
+# positions; featomic warns that the latter is not implemented, which does not concern us.
+warnings.filterwarnings("ignore", message="second derivatives with respect to positions")
+
+
+@dataclass
+class Predictions:
+    values: dict[str, torch.Tensor]
+    forces: dict[str, torch.Tensor]
+    stress: dict[str, torch.Tensor]
+
+
+def predict(model, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predictions:
+    """Run ``model`` on a batch; ``create_graph`` keeps derivatives differentiable (training)."""
+    requested = {name: ModelOutput(sample_kind="system") for name in model.output_names}
+    results = model(batch.systems, requested)
+    values, forces, stress = {}, {}, {}
+    for target, name in zip(info.targets.values(), model.output_names):
+        values[target.name] = results[name].block().values.reshape(-1)
+        if not (target.forces or target.stress):
+            continue
+        inputs = list(batch.positions)
+        if target.stress:
+            inputs.append(batch.strains)
+        grads = torch.autograd.grad(
+            values[target.name].sum(), inputs, create_graph=create_graph, retain_graph=True
+        )
+        if target.forces:
+            forces[target.name] = -torch.cat(grads[: len(batch.positions)])
+        if target.stress:
+            volumes = torch.stack([torch.abs(torch.det(s.cell)) for s in batch.systems])
+            stress[target.name] = grads[-1] / volumes[:, None, None]
+    return Predictions(values, forces, stress)
