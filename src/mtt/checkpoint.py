@@ -4,8 +4,6 @@ export to the metatomic format."""
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,10 +41,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint '{path}' does not exist.")
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as error:
+    except Exception as error:  # torch raises almost any type for foreign files (KeyError for text)
+        reason = str(error).splitlines()[0].split(". ")[0] if str(error) else "truncated or corrupt"
         raise CheckpointError(
-            f"'{path}' is not a readable mtt checkpoint ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else 'truncated or corrupt'}).",
+            f"'{path}' is not a readable mtt checkpoint ({type(error).__name__}: {reason}).",
             hint="It may be truncated or corrupt, or another program's file. Use a .ckpt "
             "file from the 'checkpoints' folder of an mtt run, or model.ckpt.",
         ) from error
@@ -71,7 +69,7 @@ def export_model(model: torch.nn.Module, info, name: str, path: Path, authors: l
     """Save ``model`` as a metatomic ``AtomisticModel``; extensions go next to it."""
     from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
 
-    dtype = next(iter(model.state_dict().values())).dtype
+    dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
     model = model.to("cpu").eval()
     outputs = {}
     for target, output in zip(info.targets.values(), model.output_names):

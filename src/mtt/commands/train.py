@@ -36,18 +36,19 @@ def pick_device(name: str) -> torch.device:
 
 
 def train(options_path: str, overrides: list[str], output: str, restart: str | None, context) -> None:
+    setup_logging(None)
     options = load_options(options_path, overrides)
     run = options.run
     device = pick_device(run.device)
     dtype = torch.float64 if run.base_precision == 64 else torch.float32
 
-    checkpoint = None
+    checkpoint, restart_path = None, restart
     if restart == "auto":
         found = find_latest_checkpoint(Path("outputs"))
         if found is None:
             LOGGER.info("--restart auto: no checkpoint under outputs/, starting from scratch")
         else:
-            LOGGER.info("--restart auto: continuing from %s", found)
+            restart_path = found
             checkpoint = load_checkpoint(found)
     elif restart is not None:
         checkpoint = load_checkpoint(restart)
@@ -110,7 +111,7 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
             scheduler_state=checkpoint["scheduler_state"],
             spreads=checkpoint["spreads"],
         )
-        LOGGER.info("continuing after epoch %d", state.epoch)
+        LOGGER.info("continuing after epoch %d from %s", state.epoch, restart_path)
 
     def save(path: Path, state: TrainingState) -> None:
         save_checkpoint(path, {

@@ -17,11 +17,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .. import architectures
 from ..errors import OptionsError
+from ..data.options import expand_short_forms
 from ..training.hypers import TrainerHypers
 from .options import RunOptions
 from .schema import defaults_of, parse_options
 
 GROUPS = ("architecture", "distributed", "dataset")
+DATASETS = ("training_set", "validation_set", "test_set")
 _BOOLEAN_WORDS = {"true": "true", "on": "true", "yes": "true", "false": "false", "off": "false", "no": "false"}
 
 
@@ -46,7 +48,8 @@ def read_options_file(path: Path) -> dict:
             hint="Give the path of your options.yaml: `mtt train options.yaml`.",
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        with path.open() as stream:  # a named stream: YAML errors then name the file
+            data = yaml.safe_load(stream)
     except yaml.YAMLError as error:
         raise OptionsError(f"'{path}' is not valid YAML:\n{error}") from error
     if data is None:
@@ -72,7 +75,15 @@ def _split_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
             )
         key, value = override.split("=", 1)
         bare = key.lstrip("+~")
-        if bare in GROUPS and "." not in bare:
+        if not bare:
+            raise OptionsError(
+                f"override '{override}' has no key before '='.",
+                hint="Write overrides as key=value, e.g. seed=3 or distributed=true.",
+            )
+        if bare == "architecture.name" and not key.startswith("~"):
+            # the name picks the architecture's defaults, exactly as architecture=NAME does
+            groups["architecture"] = value.strip().strip("'\"")
+        elif bare in GROUPS and "." not in bare:
             groups[bare] = _BOOLEAN_WORDS.get(value.strip().strip("'\"").lower(), value.strip("'\""))
         elif key.startswith(("+", "~")):
             values.append(override)
@@ -132,10 +143,27 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
     user = read_options_file(path)
     groups, values = _split_overrides(list(overrides or []))
 
+    # short forms expanded first, so that overrides of their keys apply
+    for key in DATASETS:
+        if key in user:
+            user[key] = expand_short_forms(user[key])
     # choices of config groups made inside the file
-    if isinstance(user.get("distributed"), bool):
-        groups.setdefault("distributed", "true" if user.pop("distributed") else "false")
-    name = groups.get("architecture") or (user.get("architecture") or {}).get("name", "soap_bpnn")
+    if isinstance(user.get("architecture"), str):  # `architecture: composition`
+        user["architecture"] = {"name": user["architecture"]}
+    if user.get("architecture") is not None and not isinstance(user["architecture"], dict):
+        raise OptionsError(f"'architecture' must be a mapping of options, got {user['architecture']!r}.")
+    distributed = user.get("distributed")
+    if isinstance(distributed, str) and distributed.strip().lower() in _BOOLEAN_WORDS:
+        distributed = _BOOLEAN_WORDS[distributed.strip().lower()] == "true"  # `distributed: "true"`
+    if isinstance(distributed, bool):
+        user.pop("distributed")
+        groups.setdefault("distributed", "true" if distributed else "false")
+    elif isinstance(distributed, str):
+        raise OptionsError(f"distributed: {distributed} is not valid.", hint="Use distributed: true or false.")
+    if "architecture" in groups:
+        name = groups["architecture"]
+    else:
+        name = (user.get("architecture") or {}).get("name", "soap_bpnn")
     if not isinstance(name, str):
         raise OptionsError(f"'architecture.name' must be a string, got {name!r}.")
     architectures.check_name(name)
@@ -147,6 +175,8 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
             raise OptionsError(f"distributed={choice} is not valid.", hint="Use distributed=true or distributed=false.")
         if group == "dataset" and choice != "ase":
             raise OptionsError(f"dataset={choice} is not valid.", hint="The only dataset reader is 'ase'.")
+    if "distributed" in groups:  # the choice wins over an `enabled` in the file's mapping
+        values.insert(0, f"++distributed.enabled={groups['distributed']}")
 
     architecture = architectures.load(name)
     _store_configs(user, architecture)
@@ -166,7 +196,7 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
     finally:
         GlobalHydra.instance().clear()
     raw = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("training_set", "validation_set", "test_set"):
+    for key in DATASETS:
         if key in raw:
             raw[key] = _apply_dataset_defaults(_absolute_paths(raw[key], path.parent.resolve()), raw["dataset"])
     return _validate(raw, architecture)
@@ -175,8 +205,7 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
 def _apply_dataset_defaults(value: Any, defaults: dict) -> Any:
     if isinstance(value, list):
         return [_apply_dataset_defaults(v, defaults) for v in value]
-    if isinstance(value, str):
-        value = {"systems": {"read_from": value}}
+    value = expand_short_forms(value)
     if isinstance(value, dict) and isinstance(value.get("systems"), dict):
         value = {**value, "systems": {**defaults, **value["systems"]}}
     return value

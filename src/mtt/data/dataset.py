@@ -66,13 +66,16 @@ def _read_blocks(value: Any, where: str, base_dir: Path):
     return structures, origins, targets or []
 
 
-def _split_off(fraction: Any, where: str, pool: list[int], generator: torch.Generator, allow_empty: bool):
+def _split_off(
+    fraction: Any, where: str, pool: list[int], total: int, generator: torch.Generator, allow_empty: bool
+):
+    """Draw ``fraction`` of all ``total`` training structures out of ``pool``."""
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction < 1:
         raise OptionsError(f"'{where}' must be a fraction in [0, 1) or a dataset, got {fraction!r}.")
-    count = int(round(fraction * len(pool)))
+    count = min(int(round(fraction * total)), len(pool))
     if count == 0 and not (allow_empty and fraction == 0):
         raise DataError(
-            f"'{where}: {fraction}' of {len(pool)} training structures leaves the "
+            f"'{where}: {fraction}' of {total} training structures leaves the "
             f"{where.replace('_set', '')} set empty.",
             hint="Use a larger fraction, more data, or give that set as its own file.",
         )
@@ -91,7 +94,7 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
     for name, allow_empty in (("validation_set", False), ("test_set", True)):
         value = options.get(name, 0.1)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            chosen, pool = _split_off(value, name, pool, generator, allow_empty)
+            chosen, pool = _split_off(value, name, pool, len(train), generator, allow_empty)
             sets[name] = ([train[i] for i in chosen], [train_origins[i] for i in chosen])
         else:
             read, origins, set_targets = _read_blocks(value, name, base_dir)

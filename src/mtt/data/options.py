@@ -71,24 +71,35 @@ class DatasetOptions:
 SplitOptions = Union[float, list]
 
 
+def expand_short_forms(value: Any) -> Any:
+    """The long form of a dataset entry (a block, a list of blocks or a fraction).
+
+    Expanded before composition too, so that an override such as
+    ``training_set.targets.energy.unit=kcal/mol`` applies to a file that used a short form.
+    As in metatrain, a bare file name reads an ``energy`` target (with forces and stress
+    when the file has them).
+    """
+    if isinstance(value, list):
+        return [expand_short_forms(block) for block in value]
+    if isinstance(value, str):
+        return {"systems": {"read_from": value}, "targets": {"energy": {"key": "energy"}}}
+    if isinstance(value, dict):
+        block = dict(value)
+        if isinstance(block.get("systems"), str):
+            block["systems"] = {"read_from": block["systems"]}
+        targets = block.get("targets")
+        if isinstance(targets, dict):
+            block["targets"] = {
+                name: ({"key": t} if isinstance(t, str) else t) for name, t in targets.items()
+            }
+        return block
+    return value
+
+
 def parse_dataset_list(value: Any, path: str) -> list[DatasetOptions]:
     """Expand the short forms of a dataset entry and parse each block."""
     blocks = value if isinstance(value, list) else [value]
-    expanded = []
-    for block in blocks:
-        if isinstance(block, str):
-            block = {"systems": {"read_from": block}}
-        elif isinstance(block, dict):
-            block = dict(block)
-            if isinstance(block.get("systems"), str):
-                block["systems"] = {"read_from": block["systems"]}
-            targets = block.get("targets")
-            if isinstance(targets, dict):
-                block["targets"] = {
-                    name: ({"key": t} if isinstance(t, str) else t)
-                    for name, t in targets.items()
-                }
-        expanded.append(block)
+    expanded = [expand_short_forms(block) for block in blocks]
     paths = [path] if len(expanded) == 1 and not isinstance(value, list) else [
         f"{path}[{i}]" for i in range(len(expanded))
     ]

@@ -109,7 +109,7 @@ def _require(atoms, key, per_atom, index, path, what) -> np.ndarray:
     array = np.asarray(value, dtype=np.float64)
     if not np.all(np.isfinite(array)):
         raise DataError(
-            f"{what} '{key}' is NaN or infinite in structure {index} of '{path}'.",
+            f"{what} (key '{key}') is NaN or infinite in structure {index} of '{path}'.",
             hint="Remove that structure from the dataset or fix its value.",
         )
     return array

@@ -16,9 +16,10 @@ from ..data.batching import Batch
 from ..data.dataset import DatasetInfo
 
 
-# Training differentiates forces with respect to the weights, never twice with respect to
-# positions; featomic warns that the latter is not implemented, which does not concern us.
-warnings.filterwarnings("ignore", message="second derivatives with respect to positions")
+# Training differentiates forces and stress with respect to the weights, never twice with
+# respect to positions or cell; featomic warns that the latter is not implemented, which
+# does not concern us (the weight gradients are checked against finite differences).
+warnings.filterwarnings("ignore", message="second derivatives with respect to")
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""Sphinx configuration of mtt's documentation.
+
+Build it with ``tox -e docs``, or from the repository root with::
+
+    pip install -e ".[docs]"
+    sphinx-build -W --keep-going -b html docs/src docs/_build/html
+
+The examples of ``examples/`` are run while the docs build (sphinx-gallery).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE / "_ext"))
+
+import mtt  # noqa: E402
+
+project = "mtt"
+author = "The mtt developers"
+copyright = "the mtt developers"
+release = mtt.__version__
+version = mtt.__version__
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "sphinx_gallery.gen_gallery",
+    "mtt_docs",
+]
+
+exclude_patterns = ["_build", "_ext"]
+templates_path = []
+
+# -- HTML ---------------------------------------------------------------------------------
+html_theme = "furo"
+html_title = f"mtt {release}"
+html_static_path = ["_static"]
+html_css_files = ["mtt.css"]
+pygments_style = "friendly"
+pygments_dark_style = "monokai"
+
+# -- autodoc ------------------------------------------------------------------------------
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+autoclass_content = "both"
+
+# -- examples (sphinx-gallery) ------------------------------------------------------------
+# The examples read the datasets of the repository (examples/data) and, where the folder
+# ../shared/data is beside the clone (CI and the team's machines), the small DFT datasets
+# in it. An example whose data is not there (on Read the Docs) is left out of the gallery.
+SHARED_DATA = ROOT.parent / "shared" / "data"
+NEEDS_SHARED_DATA = ["plot_md_ethanol.py"]
+ignored = [] if SHARED_DATA.is_dir() else NEEDS_SHARED_DATA
+# run the examples with the machine's cores, as a user would; 2 is what CI has
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+sphinx_gallery_conf = {
+    "examples_dirs": [str(ROOT / "examples")],
+    "gallery_dirs": ["examples"],
+    "filename_pattern": r"/plot_",
+    "ignore_pattern": r"(__init__\.py|generate_emt_dataset\.py"
+    + "".join(f"|{name.replace('.', r'[.]')}" for name in ignored)
+    + ")",
+    "within_subsection_order": "FileNameSortKey",
+    "download_all_examples": False,
+    "remove_config_comments": True,
+    "min_reported_time": 1,
+    "abort_on_example_error": True,
+    "matplotlib_animations": False,
+    "show_memory": False,
+    "show_signature": False,
+}

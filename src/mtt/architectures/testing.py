@@ -1,0 +1,187 @@
+"""The test suite every architecture passes; plug-in architectures reuse it.
+
+Subclass :class:`ArchitectureTests` in a pytest module and set ``name`` (and ``hypers``
+for non-default hyperparameters)::
+
+    from mtt.architectures.testing import ArchitectureTests
+
+    class TestMyArchitecture(ArchitectureTests):
+        name = "my_architecture"
+
+The suite builds the model on a few EMT structures of Cu, Au and Pt (made on the fly with
+ASE) and checks what the framework relies on: extensive, permutation- and
+rotation-invariant energies; forces and stress equal to finite differences of the energy;
+per-atom outputs that add up to the total; and an export that TorchScript compiles and
+that gives the same numbers in a fresh Python process without mtt.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ..config.schema import parse_options
+from ..data.batching import compute_neighbor_lists, make_batch
+from ..data.dataset import DatasetInfo
+from ..data.readers import Structure, TargetInfo
+from ..training.predictions import predict
+from . import load
+
+
+def emt_structures(count: int = 4, seed: int = 0) -> list[Structure]:
+    """Small rattled and strained fcc cells labelled with ASE's EMT."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+
+    rng = np.random.default_rng(seed)
+    structures = []
+    for i in range(count):
+        atoms = bulk(["Cu", "Au", "Pt"][i % 3], "fcc", a=3.8, cubic=True)
+        if i % 2:
+            atoms.numbers[0] = 78 if atoms.numbers[0] != 78 else 29
+        atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.02 * rng.standard_normal((3, 3))), scale_atoms=True)
+        atoms.positions += 0.08 * rng.standard_normal(atoms.positions.shape)
+        atoms.calc = EMT()
+        structure = Structure(
+            types=torch.tensor(atoms.numbers, dtype=torch.int32),
+            positions=torch.tensor(atoms.positions),
+            cell=torch.tensor(atoms.cell.array),
+            pbc=torch.tensor(atoms.pbc),
+        )
+        structure.values["energy"] = torch.tensor([atoms.get_potential_energy()])
+        structure.forces["energy"] = torch.tensor(atoms.get_forces())
+        structure.stress["energy"] = torch.tensor(atoms.get_stress(voigt=False))
+        structures.append(structure)
+    return structures
+
+
+class ArchitectureTests:
+    """Contract tests for one architecture; subclasses set ``name`` and ``hypers``."""
+
+    name: str = ""
+    hypers: dict[str, Any] = {}
+
+    @pytest.fixture
+    def info(self) -> DatasetInfo:
+        target = TargetInfo(name="energy", quantity="energy", unit="eV", forces=True, stress=True)
+        return DatasetInfo(atomic_types=[29, 78, 79], targets={"energy": target})
+
+    @pytest.fixture
+    def model(self, info) -> torch.nn.Module:
+        torch.manual_seed(0)
+        architecture = load(self.name)
+        hypers = parse_options(architecture.hypers_class, self.hypers, "architecture.model")
+        model = architecture.model_class(hypers, info).to(torch.float64)
+        # a non-trivial baseline, so the checks also cover it
+        model.composition.weights[:, 0] = torch.tensor([-0.5, -1.0, -1.5], dtype=torch.float64)
+        return model
+
+    def _predict(self, model, info, structures):
+        compute_neighbor_lists(structures, model.requested_neighbor_lists())
+        batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True)
+        return predict(model, batch, info, create_graph=False)
+
+    def test_batch_equals_single_structures(self, model, info):
+        structures = emt_structures()
+        together = self._predict(model, info, structures)
+        for i, structure in enumerate(structures):
+            alone = self._predict(model, info, [structure])
+            torch.testing.assert_close(alone.values["energy"], together.values["energy"][i : i + 1])
+
+    def test_energy_is_invariant(self, model, info):
+        structure = emt_structures(1)[0]
+        reference = self._predict(model, info, [structure]).values["energy"]
+        permutation = torch.randperm(len(structure), generator=torch.Generator().manual_seed(1))
+        rotation = torch.tensor(
+            __import__("scipy.spatial.transform", fromlist=["Rotation"]).Rotation.random(random_state=3).as_matrix()
+        ) if _has_scipy() else _rotation_about_z(0.7)
+        moved = Structure(
+            types=structure.types[permutation],
+            positions=structure.positions[permutation] @ rotation.T,
+            cell=structure.cell @ rotation.T,
+            pbc=structure.pbc,
+        )
+        torch.testing.assert_close(self._predict(model, info, [moved]).values["energy"], reference)
+
+    def test_forces_and_stress_are_energy_derivatives(self, model, info):
+        structure = emt_structures(1)[0]
+        predicted = self._predict(model, info, [structure])
+        step = 1e-5
+
+        def energy(positions, cell):
+            moved = Structure(structure.types, positions, cell, structure.pbc)
+            return float(self._predict(model, info, [moved]).values["energy"].detach())
+
+        for atom, axis in [(0, 0), (1, 2)]:
+            plus, minus = structure.positions.clone(), structure.positions.clone()
+            plus[atom, axis] += step
+            minus[atom, axis] -= step
+            finite = -(energy(plus, structure.cell) - energy(minus, structure.cell)) / (2 * step)
+            assert abs(finite - float(predicted.forces["energy"][atom, axis])) < 1e-6
+        strain = torch.zeros(3, 3, dtype=torch.float64)
+        strain[0, 1] = strain[1, 0] = step
+        deformed = [
+            energy(structure.positions @ (torch.eye(3) + sign * strain).T.to(torch.float64),
+                   structure.cell @ (torch.eye(3) + sign * strain).T.to(torch.float64))
+            for sign in (1, -1)
+        ]
+        volume = abs(float(torch.det(structure.cell)))
+        finite = (deformed[0] - deformed[1]) / (2 * step) / volume / 2
+        assert abs(finite - float(predicted.stress["energy"][0, 0, 1])) < 1e-6
+
+    def test_per_atom_outputs_add_up(self, model, info):
+        from metatomic.torch import ModelOutput
+
+        structures = emt_structures(2)
+        compute_neighbor_lists(structures, model.requested_neighbor_lists())
+        systems = make_batch(structures, torch.float64, torch.device("cpu"), False, False).systems
+        total = model(systems, {"energy": ModelOutput(sample_kind="system")})["energy"].block().values
+        atoms = model(systems, {"energy": ModelOutput(sample_kind="atom")})["energy"].block()
+        per_system = torch.zeros_like(total).index_add(0, atoms.samples.column("system"), atoms.values)
+        torch.testing.assert_close(per_system, total)
+
+    def test_export_runs_in_a_fresh_process(self, model, info, tmp_path: Path):
+        from ..checkpoint import export_model
+
+        path = export_model(model, info, self.name, tmp_path / "model.pt")
+        structure = emt_structures(1)[0]
+        expected = self._predict(model, info, [structure])
+        script = textwrap.dedent(
+            f"""
+            import sys, ase, numpy as np
+            from metatomic_ase import MetatomicCalculator
+            atoms = ase.Atoms(numbers={structure.types.tolist()}, positions={structure.positions.tolist()},
+                              cell={structure.cell.tolist()}, pbc=True)
+            atoms.calc = MetatomicCalculator({str(path)!r}, extensions_directory={str(tmp_path / 'extensions')!r})
+            print(atoms.get_potential_energy())
+            print(*atoms.get_forces().reshape(-1))
+            assert "mtt" not in sys.modules
+            """
+        )
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.split("\n")
+        assert abs(float(lines[0]) - float(expected.values["energy"])) < 1e-8
+        forces = np.array(lines[1].split(), dtype=float)
+        np.testing.assert_allclose(forces, expected.forces["energy"].reshape(-1).numpy(), atol=1e-8)
+
+
+def _has_scipy() -> bool:
+    try:
+        import scipy  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def _rotation_about_z(angle: float) -> torch.Tensor:
+    c, s = np.cos(angle), np.sin(angle)
+    return torch.tensor([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])

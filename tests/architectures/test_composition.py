@@ -1,0 +1,5 @@
+from mtt.architectures.testing import ArchitectureTests
+
+
+class TestComposition(ArchitectureTests):
+    name = "composition"

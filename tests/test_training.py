@@ -1,0 +1,164 @@
+"""Training as a user runs it: the CLI in a subprocess, real files, restarts."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_mtt, write_options
+
+SMALL_SOAP = """
+  model:
+    soap: {max_radial: 3, max_angular: 2}
+"""
+
+
+def emt_options(emt_file: Path, epochs: int, extra_training: str = "") -> str:
+    return f"""
+seed: 7
+architecture:
+  name: soap_bpnn
+{SMALL_SOAP}
+  training:
+    batch_size: 8
+    num_epochs: {epochs}
+    checkpoint_interval: 2
+{extra_training}
+training_set:
+  systems: {emt_file}
+  targets:
+    energy: {{key: energy, unit: eV, forces: on, stress: on}}
+validation_set: 0.1
+test_set: 0.1
+"""
+
+
+def run_folder(cwd: Path) -> Path:
+    folders = sorted(cwd.glob("outputs/*/*"))
+    assert folders, "no run folder was created"
+    return folders[-1]
+
+
+def test_train_writes_the_run_folder_and_the_model(tmp_path, emt_file):
+    options = write_options(tmp_path, emt_options(emt_file, 2))
+    result = run_mtt("train", str(options), "-o", "exported/potential.pt", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "test set (10 structures)" in result.stdout
+    assert re.search(r"forces rmse [\d.]+ meV/A", result.stdout)
+
+    folder = run_folder(tmp_path)
+    for name in ["train.log", "metrics.csv", "options.yaml", "model.ckpt", "model.pt",
+                 "indices/training.txt", "indices/validation.txt", "indices/test.txt",
+                 "checkpoints/epoch_2.ckpt"]:
+        assert (folder / name).is_file(), name
+    assert (tmp_path / "exported" / "potential.pt").is_file()
+    assert (tmp_path / "exported" / "extensions").is_dir()
+
+    rows = list(csv.DictReader(open(folder / "metrics.csv")))
+    assert [row["epoch"] for row in rows] == ["1", "2"]
+    assert "validation_forces_rmse [meV/A]" in rows[0]
+    assert "validation_energy_per_atom_rmse [meV/atom]" in rows[0]
+    assert all(math.isfinite(float(v)) for v in rows[-1].values() if v)
+
+    split = {name: (folder / "indices" / f"{name}.txt").read_text().splitlines()
+             for name in ["training", "validation", "test"]}
+    assert (len(split["training"]), len(split["validation"]), len(split["test"])) == (80, 10, 10)
+    assert not set(split["training"]) & set(split["test"])
+
+
+def _final_state(folder: Path) -> dict:
+    return torch.load(folder / "model.ckpt", weights_only=True)
+
+
+def test_restart_gives_the_same_model_as_an_uninterrupted_run(tmp_path, emt_file):
+    options = write_options(tmp_path, emt_options(emt_file, 4))
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    uninterrupted = run_mtt("train", str(options), cwd=straight)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    reference = _final_state(run_folder(straight))
+
+    # the epoch-2 checkpoint is what a run killed during epoch 3 leaves behind
+    checkpoint = run_folder(straight) / "checkpoints" / "epoch_2.ckpt"
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    resumed = run_mtt("train", str(options), "--restart", str(checkpoint), cwd=resumed_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "continuing after epoch 2" in resumed.stdout
+    state = _final_state(run_folder(resumed_dir))
+    assert state["epoch"] == 4
+    for name, value in reference["model_state"].items():
+        torch.testing.assert_close(state["model_state"][name], value, rtol=1e-12, atol=1e-12)
+    assert state["best_figure"] == pytest.approx(reference["best_figure"], rel=1e-12)
+
+    def test_line(output):
+        return [line for line in output.splitlines() if line.startswith("test set")]
+
+    assert test_line(resumed.stdout) == test_line(uninterrupted.stdout)
+
+
+def test_restart_auto_takes_the_highest_epoch_not_the_newest_file(tmp_path, emt_file):
+    options = write_options(tmp_path, emt_options(emt_file, 4))
+    assert run_mtt("train", str(options), cwd=tmp_path).returncode == 0
+    folder = run_folder(tmp_path)
+    older = folder / "checkpoints" / "epoch_2.ckpt"
+    os.utime(older, (time.time() + 100, time.time() + 100))  # newest file, lower epoch
+    result = run_mtt("train", str(options), "architecture.training.num_epochs=6", "--restart", "auto", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    expected = Path("outputs") / folder.relative_to(tmp_path / "outputs")
+    assert f"continuing after epoch 4 from {expected}/" in result.stdout
+
+
+def test_restart_auto_without_checkpoints_starts_from_scratch(tmp_path, emt_file):
+    options = write_options(tmp_path, emt_options(emt_file, 1))
+    result = run_mtt("train", str(options), "--restart", "auto", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "no checkpoint under outputs/, starting from scratch" in result.stdout
+
+
+@pytest.mark.parametrize("architecture", ["composition", "soap_bpnn"])
+def test_float32_training(tmp_path, emt_file, architecture):
+    text = emt_options(emt_file, 1).replace("name: soap_bpnn", f"name: {architecture}")
+    if architecture == "composition":
+        text = text.replace(SMALL_SOAP, "\n")
+    options = write_options(tmp_path, text)
+    result = run_mtt("train", str(options), "base_precision=32", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "model.pt").is_file()
+
+
+SHARED = {
+    "ethanol": ("ethanol_reduced_100.xyz", "energy: {key: energy, unit: kcal/mol, forces: forces}", "forces rmse"),
+    "qm9": ("qm9_reduced_100.xyz", "energy: {key: U0, unit: Hartree}\n    gap: {key: epsgap, unit: Hartree}", "gap rmse"),
+    "carbon": ("carbon_reduced_100.xyz", "energy: {key: energy, unit: eV, forces: force, virial: virial}", "stress rmse"),
+}
+
+
+@pytest.mark.parametrize("dataset", sorted(SHARED))
+def test_train_on_the_shared_dft_datasets(tmp_path, shared_data, dataset):
+    file, targets, expected = SHARED[dataset]
+    options = write_options(tmp_path, f"""
+seed: 1
+architecture:
+  name: soap_bpnn
+{SMALL_SOAP}
+  training: {{num_epochs: 2, batch_size: 16}}
+training_set:
+  systems: {shared_data / file}
+  targets:
+    {targets}
+test_set: 0.1
+validation_set: 0.1
+""")
+    result = run_mtt("train", str(options), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    test_line = next(line for line in result.stdout.splitlines() if line.startswith("test set"))
+    assert expected in test_line
+    assert "nan" not in test_line
