@@ -25,6 +25,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import tempfile
 import types
 import typing
@@ -198,7 +199,8 @@ def options_reference() -> str:
         "blocks (their structures are put together), or a short form:",
         "",
         "- a path, ``training_set: data.xyz``, is short for a block whose systems are read from that",
-        "  file, with the targets of the file found by their usual names;",
+        "  file, with an ``energy`` target read from the field ``energy`` of each structure, in eV,",
+        "  and its forces and stress when the file has them;",
         "- ``systems: data.xyz`` is short for ``systems: {read_from: data.xyz}``;",
         "- a target given as a string, ``energy: U0``, is short for ``energy: {key: U0}``;",
         "- ``validation_set`` and ``test_set`` can be a fraction in [0, 1) of the training structures,",
@@ -365,7 +367,11 @@ class _ReachedTraining(BaseException):
 
 def run_failure(command: str, files: dict[str, str]) -> tuple[int, str]:
     """Run ``command`` (``mtt ...``) in a fresh folder holding ``files``; returns its exit
-    status and what it printed. ``structures.xyz`` there is the shipped EMT dataset."""
+    status and what it printed, with the folder shown as ``/home/user/run``.
+
+    ``structures.xyz`` in that folder is a copy of the shipped EMT dataset. Creating the
+    run folder raises instead, so a command that would start training fails the build.
+    """
     from mtt import __main__ as cli
     from mtt.commands import train as train_command
 
@@ -378,7 +384,7 @@ def run_failure(command: str, files: dict[str, str]) -> tuple[int, str]:
 
     previous = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="mtt-docs-") as folder:
-        os.symlink(ROOT / "examples" / "data" / "emt_metals.xyz", Path(folder) / "structures.xyz")
+        shutil.copyfile(ROOT / "examples" / "data" / "emt_metals.xyz", Path(folder) / "structures.xyz")
         for name, text in files.items():
             (Path(folder) / name).write_text(text)
         out, err = io.StringIO(), io.StringIO()
@@ -393,7 +399,9 @@ def run_failure(command: str, files: dict[str, str]) -> tuple[int, str]:
         finally:
             train_command.new_run_folder = original
             os.chdir(previous)
-    printed = (out.getvalue() + err.getvalue()).replace(folder, "/home/user/run")
+    printed = out.getvalue() + err.getvalue()
+    for name in {folder, os.path.realpath(folder)}:
+        printed = printed.replace(name, "/home/user/run")
     return status, printed
 
 
