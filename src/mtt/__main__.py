@@ -47,6 +47,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue from a checkpoint, or 'auto' for the one with the highest epoch under outputs/",
     )
     train.add_argument("--debug", action="store_true", help="print the full traceback of errors")
+
+    export = commands.add_parser(
+        "export",
+        help="export a checkpoint as a metatomic model for ASE, LAMMPS and i-PI",
+        description="Export the best model of a checkpoint in the metatomic format; the "
+        "compiled extensions it needs are collected in 'extensions/' beside it.",
+    )
+    export.add_argument("checkpoint", help="an mtt checkpoint (.ckpt)")
+    export.add_argument("-o", "--output", default="model.pt", help="the model file to write (default: model.pt)")
+    export.add_argument("--debug", action="store_true", help="print the full traceback of errors")
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="evaluate a model on datasets: errors, predictions, parity plots",
+        description="Predict with a trained model (model.pt or a checkpoint) on the datasets of "
+        "an options file (one dataset block, or a list of them; targets optional), print the "
+        "errors and write the predictions as extended XYZ.",
+    )
+    evaluate.add_argument("model", help="an exported model (.pt) or an mtt checkpoint (.ckpt)")
+    evaluate.add_argument("options", help="YAML file with the dataset(s) to evaluate on")
+    evaluate.add_argument("-o", "--output", default="predictions.xyz", help="predictions file (default: predictions.xyz)")
+    evaluate.add_argument("--plots", action="store_true", help="write a parity plot (PNG) per target")
+    evaluate.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")
+    evaluate.add_argument("--debug", action="store_true", help="print the full traceback of errors")
     return parser
 
 
@@ -55,6 +79,14 @@ def run_command(args: argparse.Namespace, context: RunContext) -> None:
         from .commands.train import train
 
         train(args.options, args.overrides, args.output, args.restart, context)
+    elif args.command == "export":
+        from .commands.export import export
+
+        export(args.checkpoint, args.output)
+    elif args.command == "eval":
+        from .commands.eval import evaluate
+
+        evaluate(args.model, args.options, args.output, args.plots, args.batch_size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,8 +65,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return content
 
 
-def export_model(model: torch.nn.Module, info, name: str, path: Path, authors: list[str] | None = None) -> Path:
-    """Save ``model`` as a metatomic ``AtomisticModel``; extensions go next to it."""
+def model_from_checkpoint(content: dict[str, Any], state: str = "best_model_state"):
+    """Rebuild the model of a checkpoint; returns (model, dataset info, architecture)."""
+    from . import architectures
+    from .config.schema import parse_options
+    from .data.dataset import DatasetInfo
+
+    architecture = architectures.load(content["architecture"])
+    info = DatasetInfo.from_dict(content["dataset_info"])
+    hypers = parse_options(architecture.hypers_class, content["model_hypers"], "architecture.model")
+    with architectures.blame_architecture(architecture):
+        model = architecture.model_class(hypers, info)
+    dtype = next(v.dtype for v in content[state].values() if v.is_floating_point())
+    model = model.to(dtype)
+    model.load_state_dict(content[state])
+    return model.eval(), info, architecture
+
+
+def atomistic_model(model: torch.nn.Module, info, name: str, authors: list[str] | None = None):
+    """Wrap ``model`` in metatomic's ``AtomisticModel``, declaring what it computes."""
     from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
 
     dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
@@ -92,7 +109,12 @@ def export_model(model: torch.nn.Module, info, name: str, path: Path, authors: l
         description=f"{name} model trained with mtt {__version__}",
         authors=authors or [],
     )
-    exported = AtomisticModel(model, metadata, capabilities)
+    return AtomisticModel(model, metadata, capabilities)
+
+
+def export_model(model: torch.nn.Module, info, name: str, path: Path, authors: list[str] | None = None) -> Path:
+    """Save ``model`` as a metatomic model file; compiled extensions go next to it."""
+    exported = atomistic_model(model, info, name, authors)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")

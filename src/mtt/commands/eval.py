@@ -1,0 +1,201 @@
+"""`mtt eval`: predictions of a trained model on datasets, errors and parity plots."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import ase
+import ase.io
+import torch
+from ase.calculators.singlepoint import SinglePointCalculator
+from ase.data import chemical_symbols
+
+from ..data.batching import batch_indices, compute_neighbor_lists, make_batch
+from ..data.dataset import DatasetInfo
+from ..data.options import parse_dataset_list
+from ..data.readers import Structure, read_dataset
+from ..errors import DataError, EnvironmentProblem
+from ..inference import EvaluatedModel, load_trained_model
+from ..outputs import LOGGER, display, setup_logging
+from ..training.loss import Metrics, Term, errors, terms_of
+from ..training.predictions import Predictions, predict
+
+
+def _check_elements(model: EvaluatedModel, structures: list[Structure], path: Path) -> None:
+    known = set(model.atomic_types)
+    for index, structure in enumerate(structures):
+        unknown = sorted({int(t) for t in structure.types} - known)
+        if unknown:
+            names = ", ".join(f"{chemical_symbols[z]} (Z={z})" for z in unknown)
+            raise DataError(
+                f"structure {index} of '{path}' contains {names}, which the model was not "
+                "trained on.",
+                hint=f"The model knows {', '.join(chemical_symbols[z] for z in sorted(known))}.",
+            )
+
+
+def _check_targets(model: EvaluatedModel, reference: DatasetInfo, where: str) -> None:
+    for name in reference.targets:
+        if name not in model.targets:
+            raise DataError(
+                f"'{where}' asks for target '{name}', which the model does not predict.",
+                hint=f"The model predicts: {', '.join(model.targets) or 'nothing mtt can compare'}.",
+            )
+
+
+def _to_atoms(structure: Structure, predictions: dict[str, torch.Tensor]) -> ase.Atoms:
+    atoms = ase.Atoms(
+        numbers=structure.types.numpy(),
+        positions=structure.positions.numpy(),
+        cell=structure.cell.numpy(),
+        pbc=structure.pbc.numpy(),
+    )
+    results = {k: v for k, v in predictions.items() if k in ("energy", "forces", "stress")}
+    for key, value in predictions.items():
+        if key not in results:
+            atoms.info[key] = value
+    if results:
+        atoms.calc = SinglePointCalculator(atoms, **results)
+    return atoms
+
+
+def _parity_plot(reference: torch.Tensor, predicted: torch.Tensor, term: Term, rmse: float, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise EnvironmentProblem("--plots needs matplotlib.", hint="pip install matplotlib") from error
+    shown_rmse, unit = display(rmse, term.unit + ("/atom" if term.per_atom else ""))
+    scale, _ = display(1.0, term.unit)
+    figure, axes = plt.subplots(figsize=(4.5, 4.5), layout="constrained")
+    x, y = reference.numpy() * scale, predicted.numpy() * scale
+    low, high = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
+    axes.plot([low, high], [low, high], color="grey", linewidth=1)
+    axes.scatter(x, y, s=8, alpha=0.6)
+    label = f"{term.label} per atom" if term.per_atom else term.label
+    per = unit.split("/atom")[0] if term.per_atom else unit
+    axes.set_xlabel(f"reference {label} [{per}]")
+    axes.set_ylabel(f"predicted {label} [{per}]")
+    axes.set_title(f"{label}: RMSE {shown_rmse:.4g} {unit}")
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def evaluate(model_path: str, options_path: str, output: str, plots: bool, batch_size: int) -> None:
+    setup_logging(None)
+    model = load_trained_model(model_path)
+    options_file = Path(options_path)
+    blocks = parse_dataset_list(read_options_file_or_list(options_file), "eval")
+    output_path = Path(output)
+    for number, block in enumerate(blocks):
+        where = "eval" if len(blocks) == 1 else f"eval[{number}]"
+        structures, targets, path = read_dataset(block, options_file.parent, where)
+        reference = DatasetInfo(atomic_types=model.atomic_types, targets={t.name: t for t in targets})
+        _check_elements(model, structures, path)
+        _check_targets(model, reference, str(options_file))
+        target_file = output_path
+        if len(blocks) > 1:
+            target_file = output_path.with_name(f"{output_path.stem}_{number}{output_path.suffix}")
+        _evaluate_dataset(model, structures, reference, path, target_file, plots, batch_size)
+
+
+def read_options_file_or_list(path: Path):
+    """The eval options: one dataset block, or a list of them."""
+    from ..config.loader import read_yaml
+
+    return read_yaml(path)
+
+
+def _evaluate_dataset(model, structures, reference, path, target_file, plots, batch_size) -> None:
+    info = model.info(periodic=all(bool(s.pbc.all()) for s in structures))
+    compute_neighbor_lists(structures, model.requested_neighbor_lists())
+    needs_forces = any(t.forces for t in info.targets.values())
+    needs_stress = any(t.stress for t in info.targets.values())
+    terms = terms_of(reference)
+    metrics = Metrics(terms)
+    pairs: dict[str, tuple[list, list]] = {t.label: ([], []) for t in terms}
+    frames, started = [], time.monotonic()
+    batches = batch_indices(len(structures), batch_size, None)
+    bar = None
+    if sys.stdout.isatty() and len(batches) > 1:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(structures), unit="structure", desc=f"evaluating {path.name}")
+    for count, indices in enumerate(batches, start=1):
+        chosen = [structures[i] for i in indices]
+        batch = make_batch(chosen, model.dtype, torch.device("cpu"), needs_forces, needs_stress)
+        computed = predict(model, batch, info, create_graph=False)
+        predictions = Predictions(*({k: v.detach() for k, v in part.items()}
+                                    for part in (computed.values, computed.forces, computed.stress)))
+        metrics.update(predictions, batch)
+        for term in terms:
+            pairs[term.label][0].append(_flat(term, getattr(batch, term.kind)[term.target], batch))
+            pairs[term.label][1].append(_flat(term, getattr(predictions, term.kind)[term.target], batch))
+        frames.extend(_frames_of(chosen, predictions, info))
+        if bar is not None:
+            bar.update(len(chosen))
+        elif len(batches) >= 10 and count % (len(batches) // 10) == 0:
+            LOGGER.info("evaluated %d/%d structures", min(count * batch_size, len(structures)), len(structures))
+    if bar is not None:
+        bar.close()
+    elapsed = time.monotonic() - started
+
+    target_file.parent.mkdir(parents=True, exist_ok=True)
+    ase.io.write(target_file, frames, format="extxyz")
+    LOGGER.info(
+        "%s: %d structures in %.2f s (%.1f structures/s); predictions written to %s",
+        path.name, len(structures), elapsed, len(structures) / max(elapsed, 1e-9), target_file,
+    )
+    if terms:
+        _print_table(metrics)
+    if plots and terms:
+        results = metrics.results()
+        for term in terms:
+            key = f"{term.label}_per_atom" if term.per_atom else term.label
+            plot = target_file.with_name(f"{target_file.stem}_parity_{term.label}.png")
+            reference_values, predicted_values = (torch.cat(p) for p in pairs[term.label])
+            _parity_plot(reference_values, predicted_values, term, results[f"{key}_rmse"], plot)
+            LOGGER.info("parity plot of %s written to %s", term.label, plot)
+
+
+def _flat(term: Term, values: torch.Tensor, batch) -> torch.Tensor:
+    values = values.detach().double().reshape(len(values), -1)
+    if term.per_atom:
+        values = values / batch.n_atoms[:, None]
+    return values.reshape(-1)
+
+
+def _frames_of(structures: list[Structure], predictions: Predictions, info: DatasetInfo) -> list[ase.Atoms]:
+    frames, first_atom = [], 0
+    for i, structure in enumerate(structures):
+        values = {}
+        for name in info.targets:
+            values[name] = float(predictions.values[name][i])
+            prefix = "" if name == "energy" else f"{name}_"
+            if name in predictions.forces:
+                values[f"{prefix}forces"] = predictions.forces[name][first_atom : first_atom + len(structure)].numpy()
+            if name in predictions.stress:
+                values[f"{prefix}stress"] = predictions.stress[name][i].numpy()
+        first_atom += len(structure)
+        frames.append(_to_atoms(structure, values))
+    return frames
+
+
+def _print_table(metrics: Metrics) -> None:
+    results, units = metrics.results(), metrics.units()
+    rows = [("quantity", "RMSE", "MAE", "unit")]
+    for term in metrics.terms:
+        key = f"{term.label}_per_atom" if term.per_atom else term.label
+        rmse, unit = display(results[f"{key}_rmse"], units[f"{key}_rmse"])
+        mae, _ = display(results[f"{key}_mae"], units[f"{key}_mae"])
+        rows.append((key.replace("_", " "), f"{rmse:.5g}", f"{mae:.5g}", unit))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        LOGGER.info("  ".join(
+            cell.ljust(width) if i in (0, 3) else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths))
+        ))

@@ -1,0 +1,21 @@
+"""`mtt export`: a checkpoint to a metatomic model file (nothing written on failure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import architectures
+from ..checkpoint import export_model, load_checkpoint, model_from_checkpoint
+from ..outputs import LOGGER, setup_logging
+
+
+def export(checkpoint_path: str, output: str) -> None:
+    setup_logging(None)
+    content = load_checkpoint(checkpoint_path)
+    model, info, architecture = model_from_checkpoint(content)
+    with architectures.blame_architecture(architecture):  # TorchScript compiles its code
+        path = export_model(model, info, architecture.name, Path(output))
+    LOGGER.info(
+        "exported the %s model of %s (epoch %d, best by validation) to %s, extensions in %s",
+        architecture.name, checkpoint_path, content["epoch"], path, path.parent / "extensions",
+    )

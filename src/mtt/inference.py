@@ -1,0 +1,90 @@
+"""Load a trained model, exported or as a checkpoint, and run it like a simulation engine.
+
+Both kinds of file are evaluated through metatomic's ``AtomisticModel``, so `mtt eval`
+checks exactly what ASE, LAMMPS and i-PI will compute.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import torch
+from metatomic.torch import ModelEvaluationOptions, ModelOutput
+
+from .checkpoint import atomistic_model, load_checkpoint, model_from_checkpoint
+from .data.dataset import DatasetInfo
+from .data.readers import TargetInfo
+from .errors import CheckpointError
+
+ENERGY_UNITS = ("eV", "meV", "Hartree", "kcal/mol", "kJ/mol", "Ry")
+
+
+class EvaluatedModel:
+    """An ``AtomisticModel`` behind the interface the training code predicts with."""
+
+    def __init__(self, atomistic, source: Path):
+        self.atomistic = atomistic.eval()
+        self.source = source
+        capabilities = atomistic.capabilities()
+        self.atomic_types = [int(t) for t in capabilities.atomic_types]
+        self.dtype = torch.float64 if capabilities.dtype == "float64" else torch.float32
+        self.output_names: list[str] = []
+        self.targets: dict[str, TargetInfo] = {}
+        for name, output in capabilities.outputs.items():
+            if name != "energy" and not name.startswith("mtt::"):
+                continue
+            target = name.split("::", 1)[-1]
+            energy = name == "energy" or output.unit in ENERGY_UNITS
+            self.output_names.append(name)
+            self.targets[target] = TargetInfo(
+                name=target, quantity="energy" if energy else "", unit=output.unit, forces=energy, stress=energy
+            )
+
+    def info(self, periodic: bool) -> DatasetInfo:
+        """What the model predicts; stress only when every structure is periodic."""
+        targets = {
+            name: TargetInfo(**{**t.to_dict(), "stress": t.stress and periodic}) for name, t in self.targets.items()
+        }
+        return DatasetInfo(atomic_types=self.atomic_types, targets=targets)
+
+    def requested_neighbor_lists(self):
+        return self.atomistic.requested_neighbor_lists()
+
+    def eval(self) -> "EvaluatedModel":
+        return self
+
+    def __call__(self, systems, outputs: dict[str, ModelOutput]):
+        options = ModelEvaluationOptions(length_unit="angstrom", outputs=outputs)
+        return self.atomistic(systems, options, check_consistency=False)
+
+
+def load_trained_model(path: str | Path) -> EvaluatedModel:
+    """An exported model (.pt, with its extensions/ folder beside it) or an mtt checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"model file '{path}' does not exist.")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            torchscript = any(name.endswith("constants.pkl") for name in archive.namelist())
+    except zipfile.BadZipFile:
+        raise CheckpointError(
+            f"'{path}' is neither an exported model nor an mtt checkpoint.",
+            hint="Give the model.pt written by `mtt train` or `mtt export`, or a .ckpt file.",
+        ) from None
+    if not torchscript:
+        model, info, architecture = model_from_checkpoint(load_checkpoint(path))
+        return EvaluatedModel(atomistic_model(model, info, architecture.name), path)
+
+    from metatomic.torch import load_atomistic_model
+
+    extensions = path.parent / "extensions"
+    try:
+        atomistic = load_atomistic_model(str(path), extensions_directory=str(extensions) if extensions.is_dir() else None)
+    except Exception as error:
+        raise CheckpointError(
+            f"could not load '{path}' as a metatomic model: {str(error).splitlines()[0]}",
+            hint="Exported models need the 'extensions' folder written beside them, and the "
+            "same torch version as the one that exported them.",
+        ) from error
+    return EvaluatedModel(atomistic, path)
