@@ -22,6 +22,7 @@ class RunContext:
     """What the dispatcher needs to know about the command while it runs."""
 
     run_folder: Path | None = None
+    environment: object | None = None  # mtt.distributed.DistributedEnvironment, once set up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,13 +107,26 @@ def report(error: BaseException, context: RunContext, debug: bool) -> int:
     from .errors import MttError
     from .outputs import write_error_log
 
+    from .training.stopping import StopRequested
+
+    environment = context.environment
+    rank = environment.rank if environment is not None and environment.enabled else None
+    if isinstance(error, StopRequested):  # not a failure: one message, from rank 0
+        if not rank:
+            print(f"mtt: {error}", file=sys.stderr)
+        return error.exit_status
     log = None
     if context.run_folder is not None and context.run_folder.exists():
-        log = write_error_log(context.run_folder, error)
+        log = write_error_log(context.run_folder, error, rank)
+    if not isinstance(error, MttError) and rank is not None:
+        from .distributed import peer_failure
+
+        error = peer_failure(error, environment) or error
     if debug:
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    where = f" (rank {rank})" if rank is not None else ""
     if isinstance(error, MttError):
-        print(f"mtt: {error.kind}: {error}", file=sys.stderr)
+        print(f"mtt{where}: {error.kind}: {error}", file=sys.stderr)
     else:
         print(
             f"mtt: internal error: {type(error).__name__}: {error}\n"
@@ -123,7 +137,9 @@ def report(error: BaseException, context: RunContext, debug: bool) -> int:
         print(f"The full traceback is in {log}.", file=sys.stderr)
     elif not debug:
         print("Run again with --debug to see the full traceback.", file=sys.stderr)
-    return 2 if isinstance(error, MttError) else 1
+    if isinstance(error, MttError):
+        return getattr(error, "exit_status", 2)
+    return 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .. import architectures
 from ..errors import OptionsError
-from ..data.options import expand_short_forms
+from ..data.options import expand_short_forms, parse_dataset_list
 from ..training.hypers import TrainerHypers
 from .options import RunOptions
 from .schema import defaults_of, parse_options
@@ -42,6 +42,14 @@ class ComposedOptions:
 
 def read_options_file(path: Path) -> dict:
     """The user's YAML file as a dictionary, with clear errors for the usual mistakes."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise OptionsError(f"'{path}' must hold a mapping of options (key: value), not {type(data).__name__}.")
+    return data
+
+
+def read_yaml(path: Path) -> Any:
+    """Any YAML file (an empty one is an empty mapping), with clear errors."""
     if not path.exists():
         raise OptionsError(
             f"options file '{path}' does not exist.",
@@ -52,11 +60,7 @@ def read_options_file(path: Path) -> dict:
             data = yaml.safe_load(stream)
     except yaml.YAMLError as error:
         raise OptionsError(f"'{path}' is not valid YAML:\n{error}") from error
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise OptionsError(f"'{path}' must hold a mapping of options (key: value), not {type(data).__name__}.")
-    return data
+    return {} if data is None else data
 
 
 def _split_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -214,17 +218,22 @@ def _apply_dataset_defaults(value: Any, defaults: dict) -> Any:
 def _validate(raw: dict, architecture) -> ComposedOptions:
     problems: list[str] = []
 
-    def attempt(cls, data, where):
+    def attempt(parse, data, where):
         try:
-            return parse_options(cls, data, where)
+            return parse(data, where)
         except OptionsError as error:
             problems.extend(line[4:] for line in error.message.splitlines()[1:])
             return None
 
-    run = attempt(RunOptions, raw, "")
+    run = attempt(lambda d, w: parse_options(RunOptions, d, w), raw, "")
     arch = raw.get("architecture") or {}
-    model = attempt(architecture.hypers_class, arch.get("model"), "architecture.model")
-    trainer = attempt(TrainerHypers, arch.get("training"), "architecture.training")
+    model = attempt(lambda d, w: parse_options(architecture.hypers_class, d, w), arch.get("model"), "architecture.model")
+    trainer = attempt(lambda d, w: parse_options(TrainerHypers, d, w), arch.get("training"), "architecture.training")
+    # dataset blocks too, so that their typos come in the same message as the others
+    for key in DATASETS:
+        value = raw.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            attempt(parse_dataset_list, value, key)
     if problems:
         raise OptionsError(
             "the options are not valid:\n" + "\n".join(f"  - {p}" for p in problems),

@@ -49,6 +49,14 @@ class Splits:
     origins: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
 
+def _learned(targets: list[TargetInfo]) -> dict[str, str]:
+    """What is learned of each target, e.g. {'energy': 'energy [eV] + forces + stress'}."""
+    return {
+        t.name: f"{t.name} [{t.unit}]" + (" + forces" if t.forces else "") + (" + stress" if t.stress else "")
+        for t in targets
+    }
+
+
 def _read_blocks(value: Any, where: str, base_dir: Path):
     structures, origins, targets = [], [], None
     for i, block in enumerate(parse_dataset_list(value, where)):
@@ -59,7 +67,8 @@ def _read_blocks(value: Any, where: str, base_dir: Path):
         elif [t.to_dict() for t in block_targets] != [t.to_dict() for t in targets]:
             raise DataError(
                 f"'{block_where}' does not define the same targets (and forces/stress) as "
-                f"the first dataset of '{where}'.",
+                f"the first dataset of '{where}': {', '.join(_learned(block_targets).values()) or 'none'} "
+                f"instead of {', '.join(_learned(targets).values()) or 'none'}.",
             )
         structures.extend(read)
         origins.extend((str(path), j) for j in range(len(read)))
@@ -98,9 +107,14 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
             sets[name] = ([train[i] for i in chosen], [train_origins[i] for i in chosen])
         else:
             read, origins, set_targets = _read_blocks(value, name, base_dir)
-            for target in set_targets:
-                if target.name not in {t.name for t in targets}:
-                    raise DataError(f"'{name}' has target '{target.name}' that the training set lacks.")
+            # every set is evaluated on every term of the training loss
+            if _learned(set_targets) != _learned(targets):
+                raise DataError(
+                    f"'{name}' gives {', '.join(_learned(set_targets).values()) or 'no target'}, but "
+                    f"'training_set' gives {', '.join(_learned(targets).values()) or 'no target'}.",
+                    hint=f"Read the same targets, with the same forces and stress, in '{name}' "
+                    "(set forces/stress to off in the training set to learn without them).",
+                )
             sets[name] = (read, origins)
     if not pool:
         raise DataError(

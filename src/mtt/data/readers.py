@@ -109,7 +109,7 @@ def _require(atoms, key, per_atom, index, path, what) -> np.ndarray:
     array = np.asarray(value, dtype=np.float64)
     if not np.all(np.isfinite(array)):
         raise DataError(
-            f"{what} (key '{key}') is NaN or infinite in structure {index} of '{path}'.",
+            f"{what} (key '{key}') has NaN or infinite values in structure {index} of '{path}'.",
             hint="Remove that structure from the dataset or fix its value.",
         )
     return array
@@ -200,7 +200,8 @@ def read_dataset(options: DatasetOptions, base_dir: Path, where: str):
                     f"target '{info.name}' (key '{key}') in structure {index} of '{path}' "
                     f"has {value.size} values, expected one number per structure.",
                 )
-            structure.values[info.name] = torch.tensor([float(value.reshape(()))]) * factor
+            # float64 explicitly: torch's default float32 would round energies of ~1e4 eV by ~1 meV
+            structure.values[info.name] = torch.tensor([float(value.reshape(()))], dtype=torch.float64) * factor
             if forces is not None:
                 array = _require(atoms, forces, True, index, path, f"forces of '{info.name}'")
                 if array.shape != (len(atoms), 3):

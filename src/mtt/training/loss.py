@@ -70,12 +70,31 @@ class Loss:
             "huber": lambda a, b: torch.nn.functional.huber_loss(a, b, delta=hypers.huber_delta),
         }[hypers.type]
 
-    def __call__(self, predictions: Predictions, batch: Batch) -> torch.Tensor:
+    def __call__(self, predictions: Predictions, batch: Batch, shares: dict[str, float] | None = None) -> torch.Tensor:
+        """The loss of a batch; ``shares`` rescales each term's mean (see :func:`term_shares`)."""
         total = 0.0
         for term in self.terms:
             error = errors(term, predictions, batch) / self.spreads[term.label]
-            total = total + self.weights[term.label] * self.function(error, torch.zeros_like(error))
+            value = self.function(error, torch.zeros_like(error))
+            if shares is not None:
+                value = value * shares[term.label]
+            total = total + self.weights[term.label] * value
         return total
+
+
+def term_shares(terms: list[Term], mine: list, everyone: list, world_size: int) -> dict[str, float]:
+    """Factors that make the average over ranks of their losses the loss of the whole batch.
+
+    Each term is a mean over its own elements (structures, force components...), so a rank
+    weighs its mean by its share of those elements in the global batch, times the number of
+    ranks that the gradient average divides by.
+    """
+    def elements(term: Term, structures: list) -> int:
+        if term.kind == "forces":
+            return 3 * sum(len(s) for s in structures)
+        return len(structures) * (9 if term.kind == "stress" else 1)
+
+    return {t.label: world_size * elements(t, mine) / elements(t, everyone) for t in terms}
 
 
 class Metrics:

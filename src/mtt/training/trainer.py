@@ -1,4 +1,4 @@
-"""The one training loop, shared by every architecture."""
+"""The one training loop, shared by every architecture, for one process or many."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -14,18 +14,22 @@ from ..architectures import Architecture, blame_architecture
 from ..data.batching import batch_indices, make_batch
 from ..data.dataset import DatasetInfo
 from ..data.readers import Structure
+from ..distributed import DistributedEnvironment, share
 from ..errors import TrainingDiverged
 from ..outputs import LOGGER, MetricsCsv, Progress, format_metrics
 from .hypers import TrainerHypers
-from .loss import Loss, Metrics, terms_of
+from .loss import Loss, Metrics, term_shares, terms_of
 from .predictions import predict
+from .stopping import StopRequested, StopSignals
 
 
 @dataclass
 class TrainingState:
     """What a checkpoint needs to continue training exactly where it stopped."""
 
-    epoch: int = 0
+    epoch: int = 0  # last completed epoch
+    batches_done: int = 0  # batches of epoch + 1 already done (a run stopped by a signal)
+    partial_train_metrics: torch.Tensor | None = None
     best_figure: float = math.inf
     best_model_state: dict | None = None
     optimizer_state: dict | None = None
@@ -36,7 +40,9 @@ class TrainingState:
 class Trainer:
     """Optimises a model on the training set, validating after every epoch.
 
-    An architecture that truly needs a different optimiser subclasses this and overrides
+    ``batch_size`` is per rank: with N ranks each optimisation step sees N times as many
+    structures, split contiguously from the same shuffled order a single process uses.
+    An architecture that truly needs another optimiser subclasses this and overrides
     :meth:`make_optimizer`; the loop itself is the same for everyone.
     """
 
@@ -45,14 +51,15 @@ class Trainer:
         hypers: TrainerHypers,
         architecture: Architecture,
         info: DatasetInfo,
-        device: torch.device,
+        environment: DistributedEnvironment,
         dtype: torch.dtype,
         seed: int,
     ):
         self.hypers = hypers
         self.architecture = architecture
         self.info = info
-        self.device = device
+        self.environment = environment
+        self.device = environment.device
         self.dtype = dtype
         self.seed = seed
         self.terms = terms_of(info)
@@ -82,22 +89,56 @@ class Trainer:
 
         return factor
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- pieces of the loop --------------------------------------------------------------
     def batch(self, structures: list[Structure]):
         return make_batch(structures, self.dtype, self.device, self.needs_forces, self.needs_stress)
 
+    def global_batches(self, n_structures: int, epoch: int) -> list[list[int]]:
+        """The shuffled batches of an epoch, the same on every rank and for any rank count."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        size = self.hypers.batch_size * self.environment.world_size
+        return batch_indices(n_structures, size, generator)
+
     def evaluate(self, model: torch.nn.Module, structures: list[Structure], loss: Loss | None) -> Metrics:
-        """Errors of ``model`` over a whole set, batch by batch in file order."""
+        """Errors of ``model`` over a whole set; each rank takes a part, sums are reduced."""
         metrics = Metrics(self.terms)
         model.eval()
-        for indices in batch_indices(len(structures), self.hypers.batch_size, None):
-            batch = self.batch([structures[i] for i in indices])
+        mine = share(list(range(len(structures))), self.environment.rank, self.environment.world_size)
+        for indices in batch_indices(len(mine), self.hypers.batch_size, None):
+            batch = self.batch([structures[mine[i]] for i in indices])
             with blame_architecture(self.architecture):
                 predictions = predict(model, batch, self.info, create_graph=False)
             value = float(loss(predictions, batch).detach()) if loss is not None else None
             metrics.update(predictions, batch, value)
+        metrics.load_tensor(self.environment.all_reduce_sum(metrics.as_tensor()))
         return metrics
 
+    def _step(self, model, loss, optimizer, scheduler, parameters, structures, indices, epoch, metrics):
+        """One optimisation step on this rank's part of a global batch."""
+        environment = self.environment
+        mine = share(indices, environment.rank, environment.world_size)
+        batch = self.batch([structures[i] for i in (mine or indices[:1])])
+        with blame_architecture(self.architecture):
+            predictions = predict(model, batch, self.info, create_graph=optimizer is not None)
+        value = loss(predictions, batch)
+        shares = term_shares(self.terms, [structures[i] for i in mine], [structures[i] for i in indices], environment.world_size)
+        if not torch.isfinite(value):
+            raise TrainingDiverged(
+                f"the loss became {float(value)} at epoch {epoch}.",
+                hint="Lower architecture.training.learning_rate, or check the dataset for outliers.",
+            )
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+            loss(predictions, batch, shares).backward()
+            environment.average_gradients(parameters)
+            if self.hypers.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(parameters, self.hypers.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+        if mine:
+            metrics.update(predictions, batch, float(value.detach()))
+
+    # -- the loop ------------------------------------------------------------------------
     def fit(
         self,
         model: torch.nn.Module,
@@ -107,72 +148,98 @@ class Trainer:
         run_folder: Path,
         save: Callable[[Path, TrainingState], None],
     ) -> TrainingState:
-        """Train from ``state.epoch`` to ``num_epochs``; returns the final state."""
+        """Train from ``state`` to ``num_epochs``; returns the final state.
+
+        On SIGUSR1 or SIGTERM the current step ends, a checkpoint is written and
+        :class:`StopRequested` is raised; ``--restart`` continues from that very step.
+        """
         hypers = self.hypers
+        main = self.environment.is_main
         loss = Loss(hypers.loss_hypers, self.terms, state.spreads)
         parameters = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.make_optimizer(model) if parameters else None
-        n_batches = math.ceil(len(train) / hypers.batch_size)
+        steps_per_epoch = len(self.global_batches(len(train), 1))
         scheduler = None
         if optimizer is not None:
             scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, self.make_schedule(hypers.num_epochs * n_batches)
+                optimizer, self.make_schedule(hypers.num_epochs * steps_per_epoch)
             )
             if state.optimizer_state is not None:
                 optimizer.load_state_dict(state.optimizer_state)
                 scheduler.load_state_dict(state.scheduler_state)
-        else:
+        elif main:
             LOGGER.info("%s has no trainable parameters: only its baseline is fitted", self.architecture.name)
 
-        csv = MetricsCsv(run_folder / "metrics.csv")
-        progress = Progress(hypers.num_epochs, state.epoch, len(train), hypers.log_interval)
+        csv = MetricsCsv(run_folder / "metrics.csv") if main else None
+        progress = Progress(hypers.num_epochs, state.epoch, len(train), hypers.log_interval) if main else None
         units = Metrics(self.terms).units()
-        try:
-            for epoch in range(state.epoch + 1, hypers.num_epochs + 1):
-                model.train()
-                train_metrics = Metrics(self.terms)
-                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                for indices in batch_indices(len(train), hypers.batch_size, generator):
-                    batch = self.batch([train[i] for i in indices])
-                    with blame_architecture(self.architecture):
-                        predictions = predict(model, batch, self.info, create_graph=optimizer is not None)
-                    value = loss(predictions, batch)
-                    if not torch.isfinite(value):
-                        raise TrainingDiverged(
-                            f"the loss became {float(value)} at epoch {epoch}.",
-                            hint="Lower architecture.training.learning_rate, or check the "
-                            "dataset for outliers.",
-                        )
-                    if optimizer is not None:
-                        optimizer.zero_grad(set_to_none=True)
-                        value.backward()
-                        if hypers.max_grad_norm is not None:
-                            torch.nn.utils.clip_grad_norm_(parameters, hypers.max_grad_norm)
-                        optimizer.step()
-                        scheduler.step()
-                    train_metrics.update(predictions, batch, float(value.detach()))
 
-                validation_metrics = self.evaluate(model, validation, loss)
-                figure = validation_metrics.selection_figure(hypers.best_model_metric)
-                state.epoch = epoch
-                if figure < state.best_figure or state.best_model_state is None:
-                    state.best_figure = figure
-                    state.best_model_state = copy.deepcopy(model.state_dict())
-                learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
-                sets = {"train": train_metrics.results(), "validation": validation_metrics.results()}
-                csv.write(epoch, learning_rate, sets, units)
-                progress.epoch_done(
-                    epoch,
-                    f"train {format_metrics(sets['train'], units, hypers.log_mae)} | "
-                    f"validation {format_metrics(sets['validation'], units, hypers.log_mae)}",
-                )
-                if optimizer is not None:
-                    state.optimizer_state = optimizer.state_dict()
-                    state.scheduler_state = scheduler.state_dict()
-                if epoch % hypers.checkpoint_interval == 0:
-                    save(run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", state)
+        def remember_optimizer() -> None:
+            if optimizer is not None:
+                state.optimizer_state = optimizer.state_dict()
+                state.scheduler_state = scheduler.state_dict()
+
+        try:
+            with StopSignals() as signals:
+                for epoch in range(state.epoch + 1, hypers.num_epochs + 1):
+                    model.train()
+                    train_metrics = Metrics(self.terms)
+                    if state.partial_train_metrics is not None and main:  # already summed over ranks
+                        train_metrics.load_tensor(state.partial_train_metrics)
+                    batches = self.global_batches(len(train), epoch)
+                    for number in range(state.batches_done, len(batches)):
+                        self._step(model, loss, optimizer, scheduler, parameters, train, batches[number], epoch, train_metrics)
+                        if self.environment.any_rank(signals.received is not None) and number + 1 < len(batches):
+                            state.batches_done = number + 1
+                            state.partial_train_metrics = self.environment.all_reduce_sum(train_metrics.as_tensor())
+                            remember_optimizer()
+                            path = run_folder / "checkpoints" / f"epoch_{epoch - 1}_step_{number + 1}.ckpt"
+                            if main:
+                                save(path, state)
+                                LOGGER.info(
+                                    "stopped by %s during epoch %d after %d of %d steps; checkpoint written to %s",
+                                    signals.received or "a signal on another rank", epoch, number + 1, len(batches), path,
+                                )
+                            raise StopRequested(
+                                f"training stopped on {signals.received or 'a signal to another rank'}; "
+                                f"the checkpoint {path} holds every step so far.",
+                                hint="Continue with `mtt train <options> --restart auto` (or --restart with that file).",
+                            )
+                    state.batches_done, state.partial_train_metrics = 0, None
+                    train_metrics.load_tensor(self.environment.all_reduce_sum(train_metrics.as_tensor()))
+
+                    validation_metrics = self.evaluate(model, validation, loss)
+                    figure = validation_metrics.selection_figure(hypers.best_model_metric)
+                    state.epoch = epoch
+                    if figure < state.best_figure or state.best_model_state is None:
+                        state.best_figure = figure
+                        state.best_model_state = copy.deepcopy(model.state_dict())
+                    remember_optimizer()
+                    if main:
+                        learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
+                        sets = {"train": train_metrics.results(), "validation": validation_metrics.results()}
+                        csv.write(epoch, learning_rate, sets, units)
+                        progress.epoch_done(
+                            epoch,
+                            f"train {format_metrics(sets['train'], units, hypers.log_mae)} | "
+                            f"validation {format_metrics(sets['validation'], units, hypers.log_mae)}",
+                        )
+                        if epoch % hypers.checkpoint_interval == 0:
+                            save(run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", state)
+                    if self.environment.any_rank(signals.received is not None) and epoch < hypers.num_epochs:
+                        path = run_folder / "checkpoints" / f"epoch_{epoch}.ckpt"
+                        if main:
+                            save(path, state)
+                            LOGGER.info("stopped by %s after epoch %d; checkpoint written to %s",
+                                        signals.received or "a signal on another rank", epoch, path)
+                        raise StopRequested(
+                            f"training stopped on {signals.received or 'a signal to another rank'} after "
+                            f"epoch {epoch}; the checkpoint {path} holds it.",
+                            hint="Continue with `mtt train <options> --restart auto` (or --restart with that file).",
+                        )
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
         if state.best_model_state is None:  # no epoch run (num_epochs reached already)
             state.best_model_state = copy.deepcopy(model.state_dict())
         return state

@@ -1,0 +1,365 @@
+"""Distributed runs: who launched us (SLURM, torchrun or nobody), the rendezvous, and the
+few collective operations the rest of mtt needs.
+
+This is the only module that reads ``SLURM_*``, ``RANK``, ``MASTER_PORT`` and friends.
+Every wait is bounded: a rendezvous that cannot complete ends the process with a message
+naming the address, the port and the world size, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from .errors import EnvironmentProblem
+
+#: exit status of a rank whose rendezvous timed out
+RENDEZVOUS_TIMEOUT_STATUS = 3
+
+
+@dataclass
+class Launch:
+    """What the launcher told us, before any network is touched."""
+
+    launcher: str  # "slurm", "torchrun" or "none"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    job_id: str | None = None
+    gpus_per_node: int | None = None
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM's compact host list (``node[01-03,07],gpu1``) as a list of host names."""
+    hosts, part = [], ""
+    depth = 0
+    pieces = []
+    for char in nodelist:  # split on commas outside brackets
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            pieces.append(part)
+            part = ""
+        else:
+            part += char
+    pieces.append(part)
+    for piece in filter(None, pieces):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", piece)
+        if not match:
+            hosts.append(piece)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            if "-" in item:
+                start, end = item.split("-", 1)
+                width = len(start)
+                hosts += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(start), int(end) + 1)]
+            else:
+                hosts.append(f"{prefix}{item}{suffix}")
+    return hosts
+
+
+def parse_gpus_per_node(value: str | None) -> int | None:
+    """``2``, ``a100:2`` or ``gpu:a100:2`` -> 2; None when unset or unreadable."""
+    if not value:
+        return None
+    match = re.search(r"(\d+)\s*(?:\(|$)", value.split(",")[0])
+    return int(match.group(1)) if match else None
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> Launch:
+    """Read the launcher's variables: torchrun's first (it may run inside a SLURM job)."""
+    env = os.environ if env is None else env
+    gpus = parse_gpus_per_node(env.get("SLURM_GPUS_PER_NODE"))
+    if "RANK" in env and "LOCAL_RANK" in env and "WORLD_SIZE" in env:
+        return Launch(
+            launcher="torchrun",
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            num_nodes=int(env.get("GROUP_WORLD_SIZE", 1)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
+            job_id=env.get("SLURM_JOB_ID"),
+            gpus_per_node=gpus,
+        )
+    if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env:
+        nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", 1)))
+        world = int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", 1)))
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+        local_world = world // max(nodes, 1)
+        match = re.match(r"(\d+)", tasks_per_node)
+        if match:
+            local_world = int(match.group(1))
+        return Launch(
+            launcher="slurm",
+            rank=int(env["SLURM_PROCID"]),
+            world_size=world,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            local_world_size=max(local_world, 1),
+            num_nodes=nodes,
+            master_addr=env.get("MASTER_ADDR") or expand_nodelist(nodelist)[0],
+            master_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
+            job_id=env["SLURM_JOB_ID"],
+            gpus_per_node=gpus,
+        )
+    return Launch(launcher="none")
+
+
+def choose_port(configured: int | None, launch: Launch) -> int:
+    """The options' port, else the launcher's MASTER_PORT, else one derived from the job.
+
+    Two SLURM jobs sharing a node get different ports (their job ids differ); only job
+    ids 20000 apart could collide, and then the port-in-use message says what to do.
+    """
+    if configured is not None:
+        return configured
+    if launch.master_port is not None:
+        return launch.master_port
+    if launch.job_id is not None and launch.job_id.split("_")[0].isdigit():
+        return 20000 + int(launch.job_id.split("_")[0]) % 20000
+    return 29500
+
+
+@dataclass
+class DistributedEnvironment:
+    """The layout of this run once the rendezvous is done."""
+
+    launch: Launch
+    enabled: bool
+    device: torch.device
+    backend: str | None = None
+    port: int | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.launch.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size if self.enabled else 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return f"one process on {self.device}"
+        return (
+            f"{self.world_size} ranks on {self.launch.num_nodes} node(s), launched by "
+            f"{self.launch.launcher}, {self.backend} backend, rendezvous at "
+            f"{self.launch.master_addr}:{self.port}; this rank {self.rank} uses {self.device}"
+        )
+
+    # -- collectives used by the trainer and the train command -------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return tensor
+        reduced = tensor.to(self.device)
+        torch.distributed.all_reduce(reduced)
+        return reduced.to(tensor.device)
+
+    def broadcast_object(self, value: Any) -> Any:
+        if not self.enabled:
+            return value
+        holder = [value]
+        torch.distributed.broadcast_object_list(holder, src=0)
+        return holder[0]
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Make every rank start from rank 0's weights and baseline."""
+        if not self.enabled:
+            return
+        for tensor in module.state_dict().values():
+            moved = tensor.to(self.device)
+            torch.distributed.broadcast(moved, src=0)
+            tensor.copy_(moved.to(tensor.device))
+
+    def average_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Average the gradients of all ranks in one collective (what DDP does)."""
+        if not self.enabled:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(self.device)
+        torch.distributed.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for parameter, grad in zip(parameters, grads):
+            count = grad.numel()
+            parameter.grad = flat[offset : offset + count].reshape(grad.shape).to(grad.device)
+            offset += count
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on at least one."""
+        if not self.enabled:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return bool(value.item() > 0)
+
+    def shutdown(self) -> None:
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _pick_device(device_option: str, launch: Launch) -> torch.device:
+    if device_option == "cpu" or not torch.cuda.is_available():
+        if device_option.startswith("cuda") and not torch.cuda.is_available():
+            raise EnvironmentProblem(
+                f"device '{device_option}' was asked for, but torch sees no CUDA GPU here.",
+                hint="Use device: auto or cpu, or run on a machine with a GPU and a CUDA build of torch.",
+            )
+        return torch.device("cpu")
+    visible = torch.cuda.device_count()
+    if device_option not in ("auto", "cuda"):
+        return torch.device(device_option)
+    return torch.device("cuda", launch.local_rank % max(visible, 1))
+
+
+def _share_cores(launch: Launch) -> None:
+    """Ranks on one node share its cores; default torch threads would fight each other."""
+    if launch.local_world_size <= 1:
+        return
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    per_rank = cores if "SLURM_CPUS_PER_TASK" in os.environ else cores // launch.local_world_size
+    torch.set_num_threads(max(1, per_rank))
+
+
+def setup(enabled: bool, port: int | None, timeout: float, device_option: str) -> DistributedEnvironment:
+    """Check the launch against the options and, if distributed, join the other ranks."""
+    launch = detect_launch()
+    if not enabled:
+        if launch.world_size > 1:
+            raise EnvironmentProblem(
+                f"{launch.world_size} copies of mtt were launched by {launch.launcher}, but "
+                "distributed training is off: they would all train the same model and race "
+                "on one output folder.",
+                hint="Add distributed=true to the command line (or `distributed: true` in the "
+                "options), or launch a single process.",
+            )
+        return DistributedEnvironment(launch, enabled=False, device=_pick_device(device_option, launch))
+    if launch.launcher == "none":
+        raise EnvironmentProblem(
+            "distributed=true, but mtt was not started by srun or torchrun.",
+            hint="Launch it with `srun mtt train options.yaml distributed=true` inside a SLURM "
+            "job, or `torchrun --nproc-per-node N -m mtt train options.yaml distributed=true`; "
+            "for a single process, drop distributed=true.",
+        )
+    device = _pick_device(device_option, launch)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    chosen_port = choose_port(port, launch)
+    environment = DistributedEnvironment(launch, True, device, backend, chosen_port)
+    _share_cores(launch)
+    _rendezvous(environment, timeout)
+    return environment
+
+
+def _rendezvous(environment: DistributedEnvironment, timeout: float) -> None:
+    launch = environment.launch
+    address = f"{launch.master_addr}:{environment.port}"
+
+    def give_up() -> None:
+        message = (
+            f"mtt: environment problem: rank {launch.rank} could not complete the rendezvous "
+            f"at {address} with {launch.world_size} ranks within {timeout:g} s.\n"
+            "Another rank may have failed to start (see its message), the port may be held by "
+            "another program or job, or a node cannot reach "
+            f"{launch.master_addr}. Choose another port with distributed.port=NNNNN, or a "
+            "longer wait with distributed.timeout=SECONDS.\n"
+        )
+        sys.stderr.write(message)
+        sys.stderr.flush()
+        os._exit(RENDEZVOUS_TIMEOUT_STATUS)
+
+    # the TCPStore constructor of non-zero ranks ignores its timeout when rank 0 never
+    # listens, so a watchdog ends the process instead of letting it hang
+    watchdog = threading.Timer(timeout, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        wait = datetime.timedelta(seconds=timeout)
+        if launch.launcher == "torchrun":
+            os.environ["MASTER_PORT"] = str(environment.port)
+            torch.distributed.init_process_group(
+                environment.backend, init_method="env://", timeout=datetime.timedelta(minutes=30)
+            )
+        else:
+            try:
+                store = torch.distributed.TCPStore(
+                    launch.master_addr,
+                    environment.port,
+                    launch.world_size,
+                    is_master=launch.rank == 0,
+                    timeout=wait,
+                    wait_for_workers=False,
+                )
+            except Exception as error:
+                if _port_in_use(error):
+                    raise EnvironmentProblem(
+                        f"port {environment.port} on {socket.gethostname()} ({launch.master_addr}) "
+                        "is already in use, so rank 0 cannot host the rendezvous.",
+                        hint="Another job or program holds it. Choose a free port with "
+                        "distributed.port=NNNNN (or set MASTER_PORT in the job script).",
+                    ) from error
+                raise
+            torch.distributed.init_process_group(
+                environment.backend,
+                store=store,
+                rank=launch.rank,
+                world_size=launch.world_size,
+                timeout=datetime.timedelta(minutes=30),
+            )
+        torch.distributed.barrier()
+    finally:
+        watchdog.cancel()
+
+
+def share(items: list, rank: int, world_size: int) -> list:
+    """This rank's contiguous part of ``items``, sizes differing by at most one."""
+    size, extra = divmod(len(items), world_size)
+    start = rank * size + min(rank, extra)
+    return items[start : start + size + (1 if rank < extra else 0)]
+
+
+def peer_failure(error: BaseException, environment: DistributedEnvironment | None) -> EnvironmentProblem | None:
+    """Explain a collective that failed because another rank stopped."""
+    if environment is None or not environment.enabled:
+        return None
+    text = str(error).lower()
+    clues = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "nccl")
+    if not any(clue in text for clue in clues):
+        return None
+    return EnvironmentProblem(
+        f"rank {environment.rank} stopped because another rank stopped first "
+        f"({str(error).splitlines()[0]}).",
+        hint="The first rank to fail says why, on stderr and in its error.rank<N>.log file in the run folder.",
+    )
+
+
+def _port_in_use(error: BaseException) -> bool:
+    text = str(error)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
