@@ -1,0 +1,91 @@
+"""Train SOAP-BPNN on ethanol (energy and forces, 80/10/10, batch 16) and report speed,
+memory and accuracy.
+
+    python benchmarks/train_ethanol.py [--epochs 50] [--repeats 1] [-- extra overrides]
+
+Prints seconds per epoch (training and validation, from the epoch lines' timestamps),
+the fixed cost (start-up, data, export and final evaluation), peak resident memory of
+the `mtt train` process, and the test-set errors. Run it with nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ethanol_reduced_100.xyz"
+
+OPTIONS = """
+seed: 42
+architecture:
+  name: soap_bpnn
+  training:
+    batch_size: 16
+    num_epochs: {epochs}
+training_set:
+  systems: {data}
+  targets:
+    energy: {{key: energy, unit: kcal/mol, forces: forces}}
+validation_set: 0.1
+test_set: 0.1
+"""
+
+
+def run_once(epochs: int, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        options = Path(folder) / "options.yaml"
+        options.write_text(OPTIONS.format(epochs=epochs, data=DATA))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        start = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "mtt", "train", str(options), *overrides],
+            cwd=folder, capture_output=True, text=True,
+        )
+        total = time.monotonic() - start
+        if result.returncode != 0:
+            raise SystemExit(result.stderr)
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        log = next(Path(folder).glob("outputs/*/*/train.log")).read_text()
+    stamps = [
+        datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+        for line in log.splitlines()
+        if re.search(r"INFO epoch \d+/", line)
+    ]
+    per_epoch = (stamps[-1] - stamps[0]).total_seconds() / max(1, len(stamps) - 1)
+    test = next(line for line in result.stdout.splitlines() if line.startswith("test set"))
+    figures = dict(re.findall(r"(energy per atom rmse|forces rmse) ([\d.]+)", test))
+    return {
+        "total_s": total,
+        "per_epoch_s": per_epoch,
+        "fixed_s": total - per_epoch * epochs,
+        "peak_mb": max(peak_mb, before / 1024),
+        "energy_rmse_mev_atom": float(figures["energy per atom rmse"]),
+        "forces_rmse_mev_a": float(figures["forces rmse"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="mtt overrides, e.g. base_precision=32")
+    args = parser.parse_args()
+    if not DATA.exists():
+        raise SystemExit(f"needs {DATA}")
+    runs = [run_once(args.epochs, args.overrides) for _ in range(args.repeats)]
+    print(f"ethanol, {args.epochs} epochs, {len(runs)} run(s), overrides {args.overrides or 'none'}")
+    for key in runs[0]:
+        values = [run[key] for run in runs]
+        print(f"  {key:22s} median {statistics.median(values):9.3f}   min {min(values):9.3f}   max {max(values):9.3f}")
+
+
+if __name__ == "__main__":
+    main()
