@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,6 @@ def run_once(epochs: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         options = Path(folder) / "options.yaml"
         options.write_text(OPTIONS.format(epochs=epochs, data=DATA))
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         start = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "mtt", "train", str(options), *overrides],
@@ -52,7 +50,6 @@ def run_once(epochs: int, overrides: list[str]) -> dict:
         total = time.monotonic() - start
         if result.returncode != 0:
             raise SystemExit(result.stderr)
-        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         log = next(Path(folder).glob("outputs/*/*/train.log")).read_text()
     stamps = [
         datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
@@ -66,7 +63,7 @@ def run_once(epochs: int, overrides: list[str]) -> dict:
         "total_s": total,
         "per_epoch_s": per_epoch,
         "fixed_s": total - per_epoch * epochs,
-        "peak_mb": max(peak_mb, before / 1024),
+        "peak_mb": float(re.search(r"peak resident memory: (\d+) MB", log).group(1)),
         "energy_rmse_mev_atom": float(figures["energy per atom rmse"]),
         "forces_rmse_mev_a": float(figures["forces rmse"]),
     }

@@ -206,6 +206,13 @@ class DistributedEnvironment:
             parameter.grad = flat[offset : offset + count].reshape(grad.shape).to(grad.device)
             offset += count
 
+    def all_reduce_max(self, value: float) -> float:
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return float(tensor.item())
+
     def any_rank(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on at least one."""
         if not self.enabled:

@@ -3,6 +3,7 @@ Trainer -> checkpoint -> export."""
 
 from __future__ import annotations
 
+import resource
 import shutil
 from pathlib import Path
 
@@ -153,4 +154,6 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
             shutil.copyfile(exported, target)
             shutil.copytree(folder / "extensions", target.parent / "extensions", dirs_exist_ok=True)
         LOGGER.info("final model written to %s (checkpoint %s)", target, folder / "model.ckpt")
+    peak = environment.all_reduce_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    LOGGER.info("peak resident memory: %.0f MB%s", peak, " (largest rank)" if environment.enabled else "")
     environment.shutdown()

@@ -1,0 +1,70 @@
+"""Parallel efficiency of CPU training: the same model trained with 1 and 2 ranks (torchrun,
+gloo), same global batch, alternating, several times.
+
+    python benchmarks/distributed_scaling.py [--epochs 10] [--repeats 3]
+
+Prints seconds per epoch, speed-up, parallel efficiency and the peak resident memory of
+the largest rank (logged by mtt) for each rank count. On a 2-core machine each rank gets
+one core, so ideal scaling is 2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+EMT = Path(__file__).resolve().parents[1] / "examples" / "data" / "emt_metals.xyz"
+OPTIONS = """
+seed: 2
+architecture: {{name: soap_bpnn, training: {{num_epochs: {epochs}, batch_size: {batch}}}}}
+training_set:
+  systems: {data}
+  targets:
+    energy: {{key: energy, unit: eV, forces: on, stress: on}}
+"""
+
+
+def run(ranks: int, epochs: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "options.yaml").write_text(OPTIONS.format(epochs=epochs, batch=16 // ranks, data=EMT))
+        if ranks == 1:
+            command = [sys.executable, "-m", "mtt", "train", "options.yaml"]
+        else:
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                       "-m", "mtt", "train", "options.yaml", "distributed=true"]
+        subprocess.run(command, cwd=folder, check=True, capture_output=True)
+        log = next(Path(folder).glob("outputs/*/*/train.log")).read_text()
+    stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+              for line in log.splitlines() if re.search(r"INFO epoch \d+/", line)]
+    peak = float(re.search(r"peak resident memory: (\d+) MB", log).group(1))
+    return (stamps[-1] - stamps[0]).total_seconds() / (len(stamps) - 1), peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    times: dict[int, list[float]] = {1: [], 2: []}
+    peaks: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(args.repeats):
+        for ranks in (1, 2):  # alternate
+            seconds, peak = run(ranks, args.epochs)
+            times[ranks].append(seconds)
+            peaks[ranks].append(peak)
+    one = statistics.median(times[1])
+    for ranks, values in times.items():
+        median = statistics.median(values)
+        print(f"{ranks} rank(s): {median:.3f} s/epoch (min {min(values):.3f}, max {max(values):.3f}), "
+              f"speed-up {one / median:.2f}x, efficiency {one / median / ranks:.0%}, "
+              f"peak memory per rank {max(peaks[ranks]):.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
