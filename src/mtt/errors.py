@@ -59,9 +59,9 @@ class ArchitectureError(MttError):
     def __init__(self, architecture: str, maintainers: Sequence[str], original: BaseException):
         who = ", ".join(maintainers) if maintainers else "its authors"
         message = (
-            f"The error below most likely originates from the '{architecture}' "
-            f"architecture. Please report it to its maintainers ({who}), with the "
-            f"error.log file of the run.\n{type(original).__name__}: {original}"
+            f"this error most likely originates from the '{architecture}' architecture; "
+            f"please report it to its maintainers ({who}), with the error.log file of the "
+            f"run.\n{type(original).__name__}: {original}"
         )
         super().__init__(message)
         self.architecture = architecture

@@ -55,7 +55,7 @@ def emt_structures(count: int = 4, seed: int = 0) -> list[Structure]:
             cell=torch.tensor(atoms.cell.array),
             pbc=torch.tensor(atoms.pbc),
         )
-        structure.values["energy"] = torch.tensor([atoms.get_potential_energy()])
+        structure.values["energy"] = torch.tensor([atoms.get_potential_energy()], dtype=torch.float64)
         structure.forces["energy"] = torch.tensor(atoms.get_forces())
         structure.stress["energy"] = torch.tensor(atoms.get_stress(voigt=False))
         structures.append(structure)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from .schema import defaults_of, parse_options
 
 GROUPS = ("architecture", "distributed", "dataset")
 DATASETS = ("training_set", "validation_set", "test_set")
+#: what Hydra's override grammar reads as a plain, unquoted value
+_PLAIN_VALUE = re.compile(r"[\w\-+./:*?@|% ]*", re.ASCII)
 _BOOLEAN_WORDS = {"true": "true", "on": "true", "yes": "true", "false": "false", "off": "false", "no": "false"}
 
 
@@ -99,16 +102,22 @@ def _split_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def _quote_if_needed(value: str) -> str:
-    """Quote values Hydra's grammar would reject, such as paths containing '='."""
-    if "=" in value and not (value[:1] in "'\"" and value[-1:] == value[:1]):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return value
+    """Quote values Hydra's grammar would reject or misread, such as paths containing '=',
+    ',' (a sweep to Hydra), '~', quotes or brackets; lists, mappings, interpolations and
+    values the user quoted are left to Hydra."""
+    quoted = len(value) > 1 and value[:1] in "'\"" and value[-1:] == value[:1]
+    if quoted or value[:1] in "[{" or "${" in value or _PLAIN_VALUE.fullmatch(value):
+        return value
+    # in quotes, Hydra reads backslashes as escapes only before a quote or the closing one
+    escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
+    return f"'{escaped}'"
 
 
 def _absolute_paths(node: Any, base_dir: Path) -> Any:
     """Make every dataset path absolute, so the composed file runs from anywhere."""
     if isinstance(node, str):
-        return str((base_dir / node).resolve()) if not Path(node).is_absolute() else node
+        path = Path(node).expanduser()  # ~/data.xyz is in the home folder, as in a shell
+        return str(path if path.is_absolute() else (base_dir / path).resolve())
     if isinstance(node, list):
         return [_absolute_paths(n, base_dir) for n in node]
     if isinstance(node, dict):
@@ -147,9 +156,10 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
     user = read_options_file(path)
     groups, values = _split_overrides(list(overrides or []))
 
-    # short forms expanded first, so that overrides of their keys apply
+    # short forms expanded first, so that overrides of their keys apply; an interpolation
+    # (`test_set: ${validation_set}`) is expanded once resolved
     for key in DATASETS:
-        if key in user:
+        if key in user and not (isinstance(user[key], str) and "${" in user[key]):
             user[key] = expand_short_forms(user[key])
     # choices of config groups made inside the file
     if isinstance(user.get("architecture"), str):  # `architecture: composition`
@@ -199,7 +209,13 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
         ) from error
     finally:
         GlobalHydra.instance().clear()
-    raw = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as error:  # e.g. ${name} naming no option
+        raise OptionsError(
+            f"could not resolve an interpolation in the options: {str(error).splitlines()[0]}",
+            hint="Write a literal '$' as \\$, or refer to environment variables as ${oc.env:NAME}.",
+        ) from error
     for key in DATASETS:
         if key in raw:
             raw[key] = _apply_dataset_defaults(_absolute_paths(raw[key], path.parent.resolve()), raw["dataset"])
@@ -236,7 +252,8 @@ def _validate(raw: dict, architecture) -> ComposedOptions:
             attempt(parse_dataset_list, value, key)
     if problems:
         raise OptionsError(
-            "the options are not valid:\n" + "\n".join(f"  - {p}" for p in problems),
+            f"{len(problems)} problem{'s' if len(problems) > 1 else ''} in the options:\n"
+            + "\n".join(f"  - {p}" for p in problems),
             hint="Fix these in the options file or in the command-line overrides.",
         )
     if run.seed is None:

@@ -65,7 +65,8 @@ def parse_options(cls: type, data: Any, path: str) -> Any:
     result = _parse(cls, data, path, problems)
     if problems:
         raise OptionsError(
-            "the options are not valid:\n" + "\n".join(f"  - {p}" for p in problems),
+            f"{len(problems)} problem{'s' if len(problems) > 1 else ''} in the options:\n"
+            + "\n".join(f"  - {p}" for p in problems),
             hint="Fix these in the options file or in the command-line overrides.",
         )
     return result

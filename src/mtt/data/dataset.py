@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ase.data import chemical_symbols
 
 from ..errors import DataError, OptionsError
 from .options import parse_dataset_list
@@ -132,11 +133,18 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
         for structure, (path, index) in zip(structures, origins):
             missing = sorted({int(t) for t in structure.types} - set(atomic_types))
             if missing:
+                elements = ", ".join(f"{chemical_symbols[z]} (atomic number {z})" for z in missing)
+                # the seed only matters for a set split off the training data
+                split_off = isinstance(options.get(name, 0.1), (int, float))
+                remedy = (
+                    "move such structures to the training set or change the split seed" if split_off
+                    else f"add structures with {', '.join(chemical_symbols[z] for z in missing)} to the "
+                    f"training set, or remove this one from the {name.replace('_', ' ')}"
+                )
                 raise DataError(
                     f"structure {index} of '{path}' in the {name.replace('_', ' ')} has "
-                    f"element(s) with atomic number {missing} that no training structure has.",
-                    hint="The model cannot predict elements it never saw: move such "
-                    "structures to the training set or change the split seed.",
+                    f"{elements}, which no training structure has.",
+                    hint=f"The model cannot predict elements it never saw: {remedy}.",
                 )
     info = DatasetInfo(atomic_types=atomic_types, targets={t.name: t for t in targets})
     return Splits(

@@ -115,14 +115,20 @@ def _require(atoms, key, per_atom, index, path, what) -> np.ndarray:
     return array
 
 
-def _derivative_key(option, default_key: str, frames, per_atom: bool, where: str):
+#: the keys looked for when forces, stress or virial are not named: the first one present
+CONVENTIONAL_KEYS = {"forces": ("forces", "force"), "stress": ("stress",), "virial": ("virial",)}
+
+
+def _derivative_key(option, kind: str, frames, per_atom: bool, where: str):
     """The key of forces/stress/virial to read, or None when not learned."""
-    if option is None:  # automatic: use the conventional key when the file has it
-        return default_key if has_key(frames, default_key, per_atom) else None
+    keys = CONVENTIONAL_KEYS[kind]
+    present = next((key for key in keys if has_key(frames, key, per_atom)), None)
+    if option is None:  # automatic: the conventional key when the file has it
+        return present
     if option is False or (isinstance(option, str) and option.lower() in ("off", "false", "no")):
         return None
     if option is True or (isinstance(option, str) and option.lower() in ("on", "true", "yes")):
-        return default_key
+        return present or keys[0]
     if isinstance(option, DerivativeOptions):
         if option.read_from is not None:
             raise DataError(
