@@ -4,6 +4,7 @@ export to the metatomic format."""
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,11 +35,26 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
             temporary.unlink()
 
 
+def is_exported_model(path: Path) -> bool:
+    """Whether ``path`` is a TorchScript archive (an exported model), not a checkpoint."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("constants.pkl") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read and upgrade a checkpoint; refuse anything that is not one of ours."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist.")
+    if is_exported_model(path):
+        raise CheckpointError(
+            f"'{path}' is an exported model, not a checkpoint.",
+            hint="Exported models cannot be trained further or re-exported; use the run's "
+            "model.ckpt or a file from its 'checkpoints' folder.",
+        )
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises almost any type for foreign files (KeyError for text)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from metatomic.torch import ModelEvaluationOptions, ModelOutput
 
-from .checkpoint import atomistic_model, load_checkpoint, model_from_checkpoint
+from .checkpoint import atomistic_model, is_exported_model, load_checkpoint, model_from_checkpoint
 from .data.dataset import DatasetInfo
 from .data.readers import TargetInfo
 from .errors import CheckpointError
@@ -64,19 +64,21 @@ def load_trained_model(path: str | Path) -> EvaluatedModel:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"model file '{path}' does not exist.")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            torchscript = any(name.endswith("constants.pkl") for name in archive.namelist())
-    except zipfile.BadZipFile:
+    if not zipfile.is_zipfile(path):
         raise CheckpointError(
             f"'{path}' is neither an exported model nor an mtt checkpoint.",
             hint="Give the model.pt written by `mtt train` or `mtt export`, or a .ckpt file.",
-        ) from None
-    if not torchscript:
+        )
+    if not is_exported_model(path):
         model, info, architecture = model_from_checkpoint(load_checkpoint(path))
         return EvaluatedModel(atomistic_model(model, info, architecture.name), path)
 
     from metatomic.torch import load_atomistic_model
+
+    try:  # featomic's operators must be registered by featomic.torch before the model's
+        import featomic.torch  # noqa: F401  copy of the library loads, or a later import aborts
+    except ImportError:
+        pass
 
     extensions = path.parent / "extensions"
     try:

@@ -58,10 +58,12 @@ class Model(torch.nn.Module):
         raise NotImplementedError
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
+        """Neighbour lists the model reads from its systems (computed once per structure)."""
         return []
 
     @torch.jit.unused
     def interaction_range(self) -> float:
+        """How far, in Å, an atom's environment reaches (declared to simulation engines)."""
         return 0.0
 
     # -- what the framework provides ----------------------------------------------------
@@ -71,6 +73,7 @@ class Model(torch.nn.Module):
         outputs: Dict[str, ModelOutput],
         selected_atoms: Optional[Labels] = None,
     ) -> Dict[str, TensorMap]:
+        """metatomic's model interface: per-structure or per-atom outputs as TensorMaps."""
         types = torch.cat([s.types for s in systems])
         device = types.device
         n_atoms = torch.tensor([len(s) for s in systems], device=device)

@@ -18,7 +18,7 @@ class SystemsOptions:
 
     read_from: str = option(REQUIRED, "Path of the file with the structures (any format ASE reads).")
     reader: Literal["ase"] = option("ase", "Library used to read the file.")
-    length_unit: str = option("angstrom", "Unit of positions and cells: angstrom, bohr or nm.")
+    length_unit: str = option("angstrom", "Unit of positions and cells: angstrom, bohr, nm or pm.")
 
 
 @dataclass
@@ -26,7 +26,9 @@ class DerivativeOptions:
     """Where forces, stress or virial of an energy target are read from."""
 
     key: str = option(REQUIRED, "Name of the array (forces) or info field (stress, virial).")
-    read_from: Optional[str] = option(None, "File to read them from; default: the systems file.")
+    read_from: Optional[str] = option(
+        None, "Accepted for metatrain's files; must be the systems file (the default)."
+    )
 
 
 @dataclass
@@ -34,11 +36,17 @@ class TargetOptions:
     """One quantity to learn, read from the dataset file."""
 
     key: Optional[str] = option(None, "Name of the field in the file; default: the target name.")
-    unit: str = option("", "Unit of the values in the file (eV, kcal/mol, Hartree, ...).")
+    unit: str = option(
+        "",
+        "Unit of the values in the file (eV, kcal/mol, Hartree, ...). Empty means eV for "
+        "energies; other targets are then kept as they are.",
+    )
     quantity: str = option(
         "", "'energy' for an energy with forces and stress; default: 'energy' for a target named energy."
     )
-    read_from: Optional[str] = option(None, "File to read the values from; default: the systems file.")
+    read_from: Optional[str] = option(
+        None, "Accepted for metatrain's files; must be the systems file (the default)."
+    )
     per_atom: bool = option(False, "Only per-structure targets are supported; must be false.")
     type: Literal["scalar"] = option("scalar", "Only scalar targets are supported.")
     num_subtargets: int = option(1, "Only single-valued targets are supported; must be 1.")
