@@ -18,6 +18,13 @@ sys.path.insert(0, str(HERE / "_ext"))
 
 import mtt  # noqa: E402
 
+# The examples load exported models with their extensions/ folder, which holds a copy of
+# featomic's compiled library. Loading that copy first and featomic.torch (imported by the
+# soap_bpnn architecture, which autodoc and the option reference import) afterwards in the
+# same process aborts: both register the 'featomic' operators. Importing featomic.torch
+# first is fine, the copy is then not loaded again.
+import mtt.architectures.soap_bpnn  # noqa: E402, F401
+
 project = "mtt"
 author = "The mtt developers"
 copyright = "the mtt developers"
@@ -44,9 +51,30 @@ pygments_style = "friendly"
 pygments_dark_style = "monokai"
 
 # -- autodoc ------------------------------------------------------------------------------
+def _name_torchscript_classes():
+    """Show metatensor's and metatomic's TorchScript classes by name in signatures.
+
+    Their Python objects (System, Labels, TensorMap, ...) are ``torch.ScriptClass``
+    instances, whose repr is an address: without this, type hints read
+    ``List[<torch.ScriptClass object at 0x...>]``.
+    """
+    import metatensor.torch
+    import metatomic.torch
+    import torch
+
+    names = {}
+    for module in (metatensor.torch, metatomic.torch):
+        for name, value in vars(module).items():
+            if isinstance(value, torch.ScriptClass):
+                names[id(value)] = name
+    torch.ScriptClass.__repr__ = lambda self: names.get(id(self), "ScriptClass")
+
+
+_name_torchscript_classes()
+autodoc_inherit_docstrings = False  # not torch.nn.Module's generic text on forward()
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"members": True}
 autoclass_content = "both"
 
 # -- examples (sphinx-gallery) ------------------------------------------------------------
@@ -66,7 +94,7 @@ sphinx_gallery_conf = {
     "ignore_pattern": r"(__init__\.py|generate_emt_dataset\.py"
     + "".join(f"|{name.replace('.', r'[.]')}" for name in ignored)
     + ")",
-    "within_subsection_order": "FileNameSortKey",
+    "within_subsection_order": "mtt_docs.ExampleOrder",
     "download_all_examples": False,
     "remove_config_comments": True,
     "min_reported_time": 1,
@@ -74,4 +102,6 @@ sphinx_gallery_conf = {
     "matplotlib_animations": False,
     "show_memory": False,
     "show_signature": False,
+    "capture_repr": (),
+    "write_computation_times": False,  # no sg_execution_times.rst in the sources
 }

@@ -108,6 +108,7 @@ def walk(cls: type, prefix: str = "", type_overrides: dict[str, str] | None = No
         key = f"{prefix}.{field.name}" if prefix else field.name
         annotation = hints[field.name]
         default, required = format_default(field)
+        default = DEFAULT_OVERRIDES.get(key, default)
         yield Entry(
             key=key,
             type=format_type(annotation, overrides, key),
@@ -153,6 +154,11 @@ TYPE_OVERRIDES = {
     "test_set": "float | path | dataset block | list of dataset blocks",
     "architecture.model": "mapping",
     "architecture.training": "mapping",
+}
+#: defaults of the options whose dataclass default is not what a run starts from
+DEFAULT_OVERRIDES = {
+    "architecture.model": "the architecture's",
+    "architecture.training": "see the keys below",
 }
 
 
@@ -229,13 +235,15 @@ def options_reference() -> str:
     lines += _section("Distributed training", "-")
     lines += [
         "Chosen as a whole with ``distributed=true`` or ``distributed: true``; the keys below",
-        "fine-tune it.",
+        "fine-tune it. :doc:`distributed` explains how to launch such a run.",
         "",
     ]
+    lines += confvals([top["distributed"]])
     lines += confvals(walk(DistributedOptions, "distributed"))
 
     lines += _section("Dataset defaults", "-")
     lines += ["Defaults applied to every dataset block that does not set them.", ""]
+    lines += confvals([top["dataset"]])
     lines += confvals(walk(DatasetDefaults, "dataset"))
     return "\n".join(lines) + "\n"
 
@@ -306,16 +314,31 @@ def _option_signature(action: argparse.Action, formatter: argparse.HelpFormatter
     return ", ".join(f"{s} {metavar}" for s in action.option_strings)
 
 
-def _describe_parser(parser: argparse.ArgumentParser, program: str, underline: str) -> list[str]:
+def _describe_parser(
+    parser: argparse.ArgumentParser, program: str, underline: str, top: bool = False
+) -> list[str]:
+    """A section for one (sub)command: description, usage, then its arguments.
+
+    ``--help`` is only listed for the top-level command: every command has it.
+    """
     formatter = parser._get_formatter()
-    lines = _section(f"``{program}``", underline)
+    lines = _section(program, underline)
     if parser.description:
         lines += [_inline(parser.description), ""]
     usage = parser.format_usage().strip()
     lines += [".. code-block:: text", "", "   " + usage.replace("\n", "\n   "), ""]
+    commands = _subcommand_helps(parser)
+    if commands:
+        lines += ["Commands:", ""]
+        lines += [f"- :ref:`{program} {a.dest} <cli-{a.dest}>`: {a.help or ''}" for a in commands]
+        lines.append("")
     lines += [f".. program:: {program}", ""]
-    for action in parser._actions:
+    positionals = [a for a in parser._actions if not a.option_strings]
+    optionals = [a for a in parser._actions if a.option_strings]
+    for action in positionals + optionals:
         if isinstance(action, argparse._SubParsersAction):
+            continue
+        if isinstance(action, argparse._HelpAction) and not top:
             continue
         lines.append(f".. option:: {_option_signature(action, formatter)}")
         lines.append("")
@@ -335,14 +358,8 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "90"  # argparse wraps the usage lines to the terminal's width
     try:
-        lines = _describe_parser(parser, parser.prog, "-")
-        commands = _subcommands(parser)
-        helps = {a.dest: a.help for a in _subcommand_helps(parser)}
-        if commands:
-            lines += ["Commands:", ""]
-            lines += [f"- :ref:`{parser.prog} {name} <cli-{name}>`: {helps.get(name) or ''}" for name in commands]
-            lines.append("")
-        for name, subparser in commands.items():
+        lines = _describe_parser(parser, parser.prog, "-", top=True)
+        for name, subparser in _subcommands(parser).items():
             lines += [f".. _cli-{name}:", ""]
             lines += _describe_parser(subparser, f"{parser.prog} {name}", "-")
     finally:
@@ -361,6 +378,9 @@ def _subcommand_helps(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 # -- running mtt for the troubleshooting page ---------------------------------------------
+LAUNCHER_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+
+
 class _ReachedTraining(BaseException):
     """Raised instead of creating a run folder: the failure example did not fail early."""
 
@@ -383,6 +403,8 @@ def run_failure(command: str, files: dict[str, str]) -> tuple[int, str]:
         raise _ReachedTraining()
 
     previous = os.getcwd()
+    # a docs build started by srun or torchrun must not make these runs distributed
+    launcher = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SLURM_") or k in LAUNCHER_VARIABLES}
     with tempfile.TemporaryDirectory(prefix="mtt-docs-") as folder:
         shutil.copyfile(ROOT / "examples" / "data" / "emt_metals.xyz", Path(folder) / "structures.xyz")
         for name, text in files.items():
@@ -399,10 +421,28 @@ def run_failure(command: str, files: dict[str, str]) -> tuple[int, str]:
         finally:
             train_command.new_run_folder = original
             os.chdir(previous)
+            os.environ.update(launcher)
     printed = out.getvalue() + err.getvalue()
     for name in {folder, os.path.realpath(folder)}:
         printed = printed.replace(name, "/home/user/run")
     return status, printed
+
+
+# -- the order of the examples -----------------------------------------------------------
+class ExampleOrder:
+    """Sort key of the gallery: the introductory example first, then the others by name."""
+
+    FIRST = ["plot_train_emt.py", "plot_md_ethanol.py"]
+
+    def __init__(self, src_dir: str):
+        self.src_dir = src_dir
+
+    def __call__(self, filename: str) -> tuple[int, str]:
+        rank = self.FIRST.index(filename) if filename in self.FIRST else len(self.FIRST)
+        return rank, filename
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
 
 # -- Sphinx glue --------------------------------------------------------------------------
