@@ -1,0 +1,176 @@
+"""mtt against metatrain, side by side: training throughput, accuracy, memory, fixed cost
+and ASE MD speed, on the shared DFT datasets.
+
+    python benchmarks/compare_metatrain.py [--repeats 3] [--epochs 50] [--datasets ethanol qm9 carbon]
+
+The first run creates .bench/metatrain (a virtual environment with metatrain 2026.4.1, its
+soap-bpnn extra and torch 2.13.0, the same torch as mtt's). Both tools train from the same
+options file (metatrain's format, which mtt reads unchanged): same data and split, same
+hyperparameters (metatrain's SOAP-BPNN defaults), batch 16, the same epochs and seed, and
+float32, metatrain's default precision. The tools alternate, several times; the table gives
+medians with min and max, and mtt / metatrain ratios. Run it with nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+VENV = ROOT / ".bench" / "metatrain"
+METATRAIN = "metatrain[soap-bpnn]==2026.4.1"
+
+MEV = {"kcal/mol": 43.364104, "Hartree": 27211.386, "eV": 1000.0}
+DATASETS = {
+    "ethanol": ("ethanol_reduced_100.xyz", "kcal/mol", "forces: {key: forces}"),
+    "qm9": ("qm9_reduced_100.xyz", "Hartree", "forces: off"),
+    "carbon": ("carbon_reduced_100.xyz", "eV", "forces: {key: force}\n      virial: {key: virial}"),
+}
+OPTIONS = """
+seed: 42
+base_precision: 32
+architecture:
+  name: soap_bpnn
+  model:
+    soap: {{max_angular: 6, max_radial: 7, cutoff: {{radius: 5.0, width: 0.5}}}}
+    bpnn: {{num_hidden_layers: 2, num_neurons_per_layer: 32, layernorm: true}}
+  training:
+    batch_size: 16
+    num_epochs: {epochs}
+    learning_rate: 0.001
+    log_interval: 1
+    checkpoint_interval: 1000
+training_set:
+  systems: {{read_from: {file}, length_unit: angstrom}}
+  targets:
+    energy:
+      key: {key}
+      unit: {unit}
+      {derivatives}
+validation_set: 0.1
+test_set: 0.1
+"""
+
+MEMORY = "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]).returncode; " \
+         "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)"
+
+MD = """
+import time, ase.io, numpy as np
+{preamble}
+from ase import units
+from ase.md.verlet import VelocityVerlet
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+from metatomic_ase import MetatomicCalculator
+atoms = ase.io.read({structure!r}, "0")
+atoms = atoms.repeat({repeat})
+atoms.calc = MetatomicCalculator("model.pt", extensions_directory="extensions")
+MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+dynamics = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+dynamics.run(10)
+start = time.perf_counter()
+dynamics.run({steps})
+print(len(atoms), {steps} / (time.perf_counter() - start))
+"""
+
+
+def setup_metatrain() -> None:
+    if (VENV / "bin" / "mtt").exists():
+        return
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    subprocess.run(pip + ["torch==2.13.0", METATRAIN, "metatomic-ase"], check=True)
+
+
+def run_tool(tool: str, dataset: str, epochs: int, folder: Path) -> dict:
+    file, unit, derivatives = DATASETS[dataset]
+    key = "U0" if dataset == "qm9" else "energy"
+    (folder / "options.yaml").write_text(OPTIONS.format(
+        epochs=epochs, file=DATA / file, key=key, unit=unit, derivatives=derivatives))
+    command = [sys.executable, "-m", "mtt"] if tool == "mtt" else [str(VENV / "bin" / "mtt")]
+    started = datetime.now()
+    result = subprocess.run([sys.executable, "-c", MEMORY, *command, "train", "options.yaml"],
+                            cwd=folder, capture_output=True, text=True)
+    total = (datetime.now() - started).total_seconds()
+    if result.returncode != 0:
+        raise SystemExit(f"{tool} failed on {dataset}:\n{result.stderr[-3000:]}")
+    peak_mb = int(re.search(r"PEAK (\d+)", result.stderr).group(1)) / 1024
+    text = result.stdout + result.stderr
+    if tool == "mtt":
+        text += next(folder.glob("outputs/*/*/train.log")).read_text()
+        stamps = re.findall(r"^(\S+ \S+) INFO epoch \d+/", text, re.M)
+        test = next(line for line in text.splitlines() if "test set" in line)
+        energy = float(re.search(r"energy per atom rmse ([\d.]+)", test).group(1))
+        forces = re.search(r"forces rmse ([\d.]+)", test)
+        forces = float(forces.group(1)) if forces else None
+    else:
+        text += "".join(p.read_text() for p in folder.glob("outputs/*/*/train.log"))
+        stamps = re.findall(r"^\[(\S+ \S+)\]\[INFO\] - Epoch", text, re.M)
+        test = text[text.rindex("Evaluating test dataset"):]
+        scale = MEV[unit]
+        energy = float(re.search(r"energy RMSE \(per atom\): ([\d.e+-]+)", test).group(1)) * scale
+        forces = re.search(r"(?:forces|energy_positions_gradients) RMSE: ([\d.e+-]+)", test)
+        forces = float(forces.group(1)) * scale if forces and dataset != "qm9" else None
+    times = [datetime.strptime(s[:19], "%Y-%m-%d %H:%M:%S") for s in stamps]
+    per_epoch = (times[-1] - times[0]).total_seconds() / (len(times) - 1)
+    return {"s/epoch": per_epoch, "structures/s": 90 / per_epoch, "fixed s": total - per_epoch * epochs,
+            "peak MB": peak_mb, "test E meV/atom": energy, "test F meV/A": forces}
+
+
+def md_rate(tool: str, folder: Path, structure: Path, repeat: tuple, steps: int) -> float:
+    python = sys.executable if tool == "mtt" else str(VENV / "bin" / "python")
+    # metatrain's SOAP-BPNN registers its spherical-harmonics gradients from Python only
+    preamble = "import sphericart.torch" if tool == "metatrain" else ""
+    script = MD.format(preamble=preamble, structure=str(structure), repeat=repeat, steps=steps)
+    output = subprocess.run([python, "-c", textwrap.dedent(script)], cwd=folder, check=True,
+                            capture_output=True, text=True).stdout.split()
+    return float(output[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--md-steps", type=int, default=200)
+    args = parser.parse_args()
+    setup_metatrain()
+    results: dict[tuple, list] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for dataset in args.datasets:
+                for tool in ("mtt", "metatrain"):  # alternate
+                    folder = Path(tmp) / f"{tool}-{dataset}-{repeat}"
+                    folder.mkdir()
+                    measured = run_tool(tool, dataset, args.epochs, folder)
+                    if dataset == "ethanol":
+                        measured["MD ethanol steps/s"] = md_rate(tool, folder, DATA / DATASETS["ethanol"][0], (1, 1, 1), args.md_steps)
+                    if dataset == "carbon":
+                        measured["MD carbon 100 atoms steps/s"] = md_rate(tool, folder, DATA / DATASETS["carbon"][0], (5, 5, 1), args.md_steps // 4)
+                    for name, value in measured.items():
+                        results.setdefault((dataset, name, tool), []).append(value)
+                    print(f"  done: {dataset} {tool} run {repeat + 1}", file=sys.stderr)
+
+    print(f"\nmtt vs metatrain 2026.4.1, {args.epochs} epochs, {args.repeats} runs each, medians [min-max]")
+    print(f"{'dataset':8s} {'figure':28s} {'mtt':>24s} {'metatrain':>24s} {'mtt/metatrain':>14s}")
+    for dataset in args.datasets:
+        names = [n for (d, n, t) in results if d == dataset and t == "mtt"]
+        for name in names:
+            ours, theirs = results[(dataset, name, "mtt")], results[(dataset, name, "metatrain")]
+            if None in ours or None in theirs:
+                continue
+            cells = [f"{statistics.median(v):9.3f} [{min(v):.3f}-{max(v):.3f}]" for v in (ours, theirs)]
+            ratio = statistics.median(ours) / statistics.median(theirs)
+            print(f"{dataset:8s} {name:28s} {cells[0]:>24s} {cells[1]:>24s} {ratio:14.2f}")
+
+
+if __name__ == "__main__":
+    main()
