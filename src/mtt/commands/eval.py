@@ -12,6 +12,7 @@ import torch
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.data import chemical_symbols
 
+from ..config.loader import read_yaml
 from ..data.batching import batch_indices, compute_neighbor_lists, make_batch
 from ..data.dataset import DatasetInfo
 from ..data.options import parse_dataset_list
@@ -89,7 +90,7 @@ def evaluate(model_path: str, options_path: str, output: str, plots: bool, batch
     setup_logging(None)
     model = load_trained_model(model_path)
     options_file = Path(options_path)
-    blocks = parse_dataset_list(read_options_file_or_list(options_file), "eval")
+    blocks = parse_dataset_list(read_yaml(options_file), "eval")  # one block or a list
     output_path = Path(output)
     for number, block in enumerate(blocks):
         where = "eval" if len(blocks) == 1 else f"eval[{number}]"
@@ -101,13 +102,6 @@ def evaluate(model_path: str, options_path: str, output: str, plots: bool, batch
         if len(blocks) > 1:
             target_file = output_path.with_name(f"{output_path.stem}_{number}{output_path.suffix}")
         _evaluate_dataset(model, structures, reference, path, target_file, plots, batch_size)
-
-
-def read_options_file_or_list(path: Path):
-    """The eval options: one dataset block, or a list of them."""
-    from ..config.loader import read_yaml
-
-    return read_yaml(path)
 
 
 def _evaluate_dataset(model, structures, reference, path, target_file, plots, batch_size) -> None:
