@@ -16,8 +16,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
+
+from run_folder import peak_memory_mb, run_folder, seconds_per_epoch
 
 EMT = Path(__file__).resolve().parents[1] / "examples" / "data" / "emt_metals.xyz"
 OPTIONS = """
@@ -39,12 +40,8 @@ def run(ranks: int, epochs: int) -> tuple[float, float]:
             command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                        "-m", "mtt", "train", "options.yaml", "distributed=true"]
         subprocess.run(command, cwd=folder, check=True, capture_output=True)
-        log = next(Path(folder).glob("outputs/*/*/train.log")).read_text()
-    stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
-              for line in log.splitlines() if re.search(r"INFO epoch \d+/", line)]
-    peak = float(re.search(r"peak resident memory: (\d+) MB", log).group(1))
-    return (stamps[-1] - stamps[0]).total_seconds() / (len(stamps) - 1), peak
-
+        folder = run_folder(Path(folder))
+        return seconds_per_epoch(folder), peak_memory_mb(folder)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

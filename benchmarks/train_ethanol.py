@@ -3,7 +3,7 @@ memory and accuracy.
 
     python benchmarks/train_ethanol.py [--epochs 50] [--repeats 1] [-- extra overrides]
 
-Prints seconds per epoch (training and validation, from the epoch lines' timestamps),
+Prints seconds per epoch (training and validation, median over epochs, from metrics.csv),
 the fixed cost (start-up, data, export and final evaluation), peak resident memory of
 the `mtt train` process, and the test-set errors. Run it with nothing else on the machine.
 """
@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
+
+from run_folder import peak_memory_mb, run_folder, seconds_per_epoch
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ethanol_reduced_100.xyz"
 
@@ -50,20 +51,16 @@ def run_once(epochs: int, overrides: list[str]) -> dict:
         total = time.monotonic() - start
         if result.returncode != 0:
             raise SystemExit(result.stderr)
-        log = next(Path(folder).glob("outputs/*/*/train.log")).read_text()
-    stamps = [
-        datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
-        for line in log.splitlines()
-        if re.search(r"INFO epoch \d+/", line)
-    ]
-    per_epoch = (stamps[-1] - stamps[0]).total_seconds() / max(1, len(stamps) - 1)
+        folder = run_folder(Path(folder))
+        per_epoch = seconds_per_epoch(folder)
+        peak = peak_memory_mb(folder)
     test = next(line for line in result.stdout.splitlines() if line.startswith("test set"))
     figures = dict(re.findall(r"(energy per atom rmse|forces rmse) ([\d.]+)", test))
     return {
         "total_s": total,
         "per_epoch_s": per_epoch,
         "fixed_s": total - per_epoch * epochs,
-        "peak_mb": float(re.search(r"peak resident memory: (\d+) MB", log).group(1)),
+        "peak_mb": peak,
         "energy_rmse_mev_atom": float(figures["energy per atom rmse"]),
         "forces_rmse_mev_a": float(figures["forces rmse"]),
     }

@@ -66,8 +66,11 @@ class MetricsCsv:
         self.path = path
         self.columns: list[str] | None = None
 
-    def write(self, epoch: int, learning_rate: float, sets: dict[str, dict[str, float]], units: dict[str, str]) -> None:
-        row = {"epoch": epoch, "learning_rate": learning_rate}
+    def write(
+        self, epoch: int, seconds: float, learning_rate: float, sets: dict[str, dict[str, float]], units: dict[str, str]
+    ) -> None:
+        """One epoch: its wall time (training and validation), learning rate and errors."""
+        row = {"epoch": epoch, "time [s]": f"{seconds:.3f}", "learning_rate": learning_rate}
         for split, metrics in sets.items():
             for key, value in metrics.items():
                 shown, unit = display(value, units.get(key, ""))

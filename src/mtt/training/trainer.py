@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -182,6 +183,7 @@ class Trainer:
         try:
             with StopSignals() as signals:
                 for epoch in range(state.epoch + 1, hypers.num_epochs + 1):
+                    started = time.monotonic()
                     model.train()
                     train_metrics = Metrics(self.terms)
                     if state.partial_train_metrics is not None and main:  # already summed over ranks
@@ -218,7 +220,7 @@ class Trainer:
                     if main:
                         learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
                         sets = {"train": train_metrics.results(), "validation": validation_metrics.results()}
-                        csv.write(epoch, learning_rate, sets, units)
+                        csv.write(epoch, time.monotonic() - started, learning_rate, sets, units)
                         progress.epoch_done(
                             epoch,
                             f"train {format_metrics(sets['train'], units, hypers.log_mae)} | "
