@@ -70,16 +70,17 @@ class Loss:
             "huber": lambda a, b: torch.nn.functional.huber_loss(a, b, delta=hypers.huber_delta),
         }[hypers.type]
 
-    def __call__(self, predictions: Predictions, batch: Batch, shares: dict[str, float] | None = None) -> torch.Tensor:
-        """The loss of a batch; ``shares`` rescales each term's mean (see :func:`term_shares`)."""
-        total = 0.0
+    def per_term(self, predictions: Predictions, batch: Batch) -> dict[str, torch.Tensor]:
+        """Each weighted term of the loss of a batch."""
+        values = {}
         for term in self.terms:
             error = errors(term, predictions, batch) / self.spreads[term.label]
-            value = self.function(error, torch.zeros_like(error))
-            if shares is not None:
-                value = value * shares[term.label]
-            total = total + self.weights[term.label] * value
-        return total
+            values[term.label] = self.weights[term.label] * self.function(error, torch.zeros_like(error))
+        return values
+
+    def __call__(self, predictions: Predictions, batch: Batch) -> torch.Tensor:
+        """The loss of a batch."""
+        return sum(self.per_term(predictions, batch).values())
 
 
 def term_shares(terms: list[Term], mine: list, everyone: list, world_size: int) -> dict[str, float]:

@@ -121,8 +121,8 @@ class Trainer:
         batch = self.batch([structures[i] for i in (mine or indices[:1])])
         with blame_architecture(self.architecture):
             predictions = predict(model, batch, self.info, create_graph=optimizer is not None)
-        value = loss(predictions, batch)
-        shares = term_shares(self.terms, [structures[i] for i in mine], [structures[i] for i in indices], environment.world_size)
+        terms = loss.per_term(predictions, batch)
+        value = sum(terms.values())
         if not torch.isfinite(value):
             raise TrainingDiverged(
                 f"the loss became {float(value)} at epoch {epoch}.",
@@ -130,7 +130,11 @@ class Trainer:
             )
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
-            loss(predictions, batch, shares).backward()
+            # each term's mean, rescaled by this rank's share of its elements (see term_shares)
+            shares = term_shares(
+                self.terms, [structures[i] for i in mine], [structures[i] for i in indices], environment.world_size
+            )
+            sum(terms[label] * share for label, share in shares.items()).backward()
             environment.average_gradients(parameters)
             if self.hypers.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(parameters, self.hypers.max_grad_norm)
