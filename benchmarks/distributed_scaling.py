@@ -11,7 +11,6 @@ one core, so ideal scaling is 2x.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import subprocess
 import sys

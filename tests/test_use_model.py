@@ -3,7 +3,6 @@ metatomic's own calculator, in fresh processes that never import mtt."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import textwrap

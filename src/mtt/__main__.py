@@ -32,9 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mtt {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # options every command takes
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="print the full traceback of errors")
 
     train = commands.add_parser(
         "train",
+        parents=[common],
         help="train a model from an options file",
         description="Train a model. Overrides after the file use Hydra's syntax, e.g. "
         "`mtt train options.yaml architecture.training.num_epochs=5 seed=3 distributed=true`.",
@@ -47,20 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CHECKPOINT",
         help="continue from a checkpoint, or 'auto' for the one with the highest epoch under outputs/",
     )
-    train.add_argument("--debug", action="store_true", help="print the full traceback of errors")
 
     export = commands.add_parser(
         "export",
+        parents=[common],
         help="export a checkpoint as a metatomic model for ASE, LAMMPS and i-PI",
         description="Export the best model of a checkpoint in the metatomic format; the "
         "compiled extensions it needs are collected in 'extensions/' beside it.",
     )
     export.add_argument("checkpoint", help="an mtt checkpoint (.ckpt)")
     export.add_argument("-o", "--output", default="model.pt", help="the model file to write (default: model.pt)")
-    export.add_argument("--debug", action="store_true", help="print the full traceback of errors")
 
     evaluate = commands.add_parser(
         "eval",
+        parents=[common],
         help="evaluate a model on datasets: errors, predictions, parity plots",
         description="Predict with a trained model (model.pt or a checkpoint) on the datasets of "
         "an options file (one dataset block, or a list of them; targets optional), print the "
@@ -71,7 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("-o", "--output", default="predictions.xyz", help="predictions file (default: predictions.xyz)")
     evaluate.add_argument("--plots", action="store_true", help="write a parity plot (PNG) per target")
     evaluate.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")
-    evaluate.add_argument("--debug", action="store_true", help="print the full traceback of errors")
     return parser
 
 

@@ -234,7 +234,8 @@ def _pick_device(device_option: str, launch: Launch) -> torch.device:
                 hint="Use device: auto or cpu, or run on a machine with a GPU and a CUDA build of torch.",
             )
         return torch.device("cpu")
-    visible = torch.cuda.device_count()
+    # SLURM's GPUs per node when it says, else what torch sees
+    visible = launch.gpus_per_node or torch.cuda.device_count()
     if device_option not in ("auto", "cuda"):
         return torch.device(device_option)
     return torch.device("cuda", launch.local_rank % max(visible, 1))

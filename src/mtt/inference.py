@@ -51,9 +51,6 @@ class EvaluatedModel:
     def requested_neighbor_lists(self):
         return self.atomistic.requested_neighbor_lists()
 
-    def eval(self) -> "EvaluatedModel":
-        return self
-
     def __call__(self, systems, outputs: dict[str, ModelOutput]):
         options = ModelEvaluationOptions(length_unit="angstrom", outputs=outputs)
         return self.atomistic(systems, options, check_consistency=False)

@@ -99,9 +99,7 @@ class ArchitectureTests:
         structure = emt_structures(1)[0]
         reference = self._predict(model, info, [structure]).values["energy"]
         permutation = torch.randperm(len(structure), generator=torch.Generator().manual_seed(1))
-        rotation = torch.tensor(
-            __import__("scipy.spatial.transform", fromlist=["Rotation"]).Rotation.random(random_state=3).as_matrix()
-        ) if _has_scipy() else _rotation_about_z(0.7)
+        rotation = _rotation(axis=(1.0, 2.0, 3.0), angle=0.7)
         moved = Structure(
             types=structure.types[permutation],
             positions=structure.positions[permutation] @ rotation.T,
@@ -173,15 +171,8 @@ class ArchitectureTests:
         np.testing.assert_allclose(forces, expected.forces["energy"].reshape(-1).numpy(), atol=1e-8)
 
 
-def _has_scipy() -> bool:
-    try:
-        import scipy  # noqa: F401
-
-        return True
-    except ImportError:
-        return False
-
-
-def _rotation_about_z(angle: float) -> torch.Tensor:
-    c, s = np.cos(angle), np.sin(angle)
-    return torch.tensor([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+def _rotation(axis: tuple[float, float, float], angle: float) -> torch.Tensor:
+    """Rotation matrix about ``axis`` (Rodrigues' formula)."""
+    x, y, z = np.asarray(axis) / np.linalg.norm(axis)
+    cross = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+    return torch.tensor(np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * cross @ cross)

@@ -20,7 +20,7 @@ from ..data.readers import Structure, read_dataset
 from ..errors import DataError, EnvironmentProblem
 from ..inference import EvaluatedModel, load_trained_model
 from ..outputs import LOGGER, display, setup_logging
-from ..training.loss import Metrics, Term, errors, terms_of
+from ..training.loss import Metrics, Term, terms_of
 from ..training.predictions import Predictions, predict
 
 
