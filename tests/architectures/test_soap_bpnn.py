@@ -5,3 +5,73 @@ class TestSoapBpnn(ArchitectureTests):
     name = "soap_bpnn"
     # small descriptor: the contract does not depend on its size
     hypers = {"soap": {"max_radial": 3, "max_angular": 2}}
+
+
+# -- the torch SOAP power spectrum against featomic's ---------------------------------------
+import ase.build  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from featomic.torch import SoapPowerSpectrum as FeatomicPowerSpectrum  # noqa: E402
+from metatensor.torch import Labels  # noqa: E402
+from metatomic.torch import System, register_autograd_neighbors  # noqa: E402
+from vesin.metatomic import NeighborList  # noqa: E402
+
+from mtt.architectures.soap_bpnn.soap import SoapPowerSpectrum, featomic_hypers  # noqa: E402
+
+
+def _systems(frames, options):
+    systems = []
+    for atoms in frames:
+        types = torch.tensor(atoms.numbers, dtype=torch.int32)
+        positions = torch.tensor(atoms.positions)
+        cell, pbc = torch.tensor(np.array(atoms.cell)), torch.tensor(atoms.pbc)
+        neighbors = NeighborList(options, "angstrom").compute(System(types, positions, cell, pbc))
+        system = System(types, positions.requires_grad_(True), cell, pbc)
+        register_autograd_neighbors(system, neighbors)
+        system.add_neighbor_list(options, neighbors)
+        systems.append(system)
+    return systems
+
+
+def _frames():
+    rng = np.random.default_rng(3)
+    molecule = ase.build.molecule("CH3CH2OH")
+    crystal = ase.build.bulk("Cu", "fcc", a=3.6) * (2, 2, 2)
+    crystal.numbers[:3] = 79
+    crystal.positions += 0.1 * rng.standard_normal(crystal.positions.shape)
+    thin = ase.build.bulk("C", "diamond", a=3.57)  # neighbours along the axes, and own images
+    thin.positions[1] += [0.05, -0.03, 0.02]
+    return [molecule, crystal, thin]
+
+
+@pytest.mark.parametrize("max_angular, max_radial", [(6, 7), (3, 2)])
+def test_torch_soap_equals_featomic(max_angular, max_radial):
+    """Features and their position derivatives match featomic's to its spline accuracy."""
+    frames = _frames()
+    types = sorted({int(z) for atoms in frames for z in atoms.numbers})
+    hypers = featomic_hypers(4.5, 0.5, max_angular, max_radial, 0.3)
+    ours = SoapPowerSpectrum(types, 4.5, 0.5, max_angular, max_radial, 0.3)
+    reference = FeatomicPowerSpectrum(**hypers)
+    pairs = Labels(
+        ["neighbor_1_type", "neighbor_2_type"],
+        torch.tensor([[a, b] for a in types for b in types if a <= b]),
+    )
+    weights = torch.randn(ours.n_features, dtype=torch.float64)
+
+    our_systems = _systems(frames, ours.requested_neighbor_lists()[0])
+    our_features = ours(our_systems)
+    reference_systems = _systems(frames, reference.requested_neighbor_lists()[0])
+    features = reference(reference_systems).keys_to_properties(pairs)
+    first_atom = np.cumsum([0] + [len(atoms) for atoms in frames])
+    expected = torch.zeros_like(our_features)
+    for block in features.blocks():
+        samples = block.samples.values
+        expected[torch.tensor(first_atom)[samples[:, 0]] + samples[:, 1]] = block.values
+    assert torch.allclose(our_features, expected, rtol=0, atol=1e-7 * float(expected.abs().max()))
+
+    our_forces = torch.autograd.grad((our_features @ weights).sum(), [s.positions for s in our_systems])
+    forces = torch.autograd.grad((expected @ weights).sum(), [s.positions for s in reference_systems])
+    scale = max(float(f.abs().max()) for f in forces)
+    for mine, theirs in zip(our_forces, forces):
+        assert torch.allclose(mine, theirs, rtol=0, atol=1e-6 * scale)

@@ -1,19 +1,19 @@
-"""SOAP-BPNN: featomic's SOAP power spectrum feeding one MLP per element.
+"""SOAP-BPNN: the SOAP power spectrum feeding one MLP per element.
 
-featomic computes the descriptor and registers its gradients in C++, so forces and stress
-obtained by autograd stay right in an exported model loaded without Python.
+The descriptor is featomic's SOAP power spectrum, computed with torch operations
+(:mod:`.soap`), so forces and stress come from torch's autograd and an exported model is
+plain TorchScript.
 """
 
 
 from typing import List
 
 import torch
-from featomic.torch import SoapPowerSpectrum
-from metatensor.torch import Labels
 from metatomic.torch import NeighborListOptions, System
 
 from ..base import Model
 from .hypers import SoapBpnnHypers
+from .soap import SoapPowerSpectrum
 
 
 def _element_network(n_in: int, n_out: int, hypers) -> torch.nn.Sequential:
@@ -33,44 +33,30 @@ class SoapBpnn(Model):
         super().__init__(info)
         soap = hypers.soap
         self.cutoff = soap.cutoff.radius
-        self.calculator = SoapPowerSpectrum(
-            cutoff={
-                "radius": soap.cutoff.radius,
-                "smoothing": {"type": "ShiftedCosine", "width": soap.cutoff.width},
-            },
-            density={"type": "Gaussian", "width": soap.atomic_gaussian_width},
-            basis={
-                "type": "TensorProduct",
-                "max_angular": soap.max_angular,
-                "radial": {"type": "Gto", "max_radial": soap.max_radial},
-            },
+        self.soap = SoapPowerSpectrum(
+            self.atomic_types,
+            radius=soap.cutoff.radius,
+            width=soap.cutoff.width,
+            max_angular=soap.max_angular,
+            max_radial=soap.max_radial,
+            gaussian_width=soap.atomic_gaussian_width,
         )
-        pairs = [[a, b] for a in self.atomic_types for b in self.atomic_types if a <= b]
-        self.neighbor_pairs = Labels(["neighbor_1_type", "neighbor_2_type"], torch.tensor(pairs))
-        n_features = len(pairs) * (soap.max_radial + 1) ** 2 * (soap.max_angular + 1)
         self.networks = torch.nn.ModuleList(
-            [_element_network(n_features, len(self.output_names), hypers.bpnn) for _ in self.atomic_types]
+            [_element_network(self.soap.n_features, len(self.output_names), hypers.bpnn) for _ in self.atomic_types]
         )
 
     def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
-        device = systems[0].positions.device
-        dtype = systems[0].positions.dtype
-        n_atoms = torch.tensor([len(s) for s in systems], device=device)
-        first_atom = torch.cumsum(n_atoms, 0) - n_atoms
-        features = self.calculator(systems).keys_to_properties(self.neighbor_pairs.to(device))
-        centers = features.keys.column("center_type")
-        result = torch.zeros((int(n_atoms.sum()), len(self.output_names)), dtype=dtype, device=device)
+        features = self.soap(systems)
+        types = torch.cat([s.types for s in systems])
+        result = torch.zeros((len(types), len(self.output_names)), dtype=features.dtype, device=features.device)
         for i, network in enumerate(self.networks):
-            found = torch.nonzero(centers == self.atomic_types[i])
-            if len(found) > 0:  # this element is in the batch
-                block = features.block_by_id(int(found[0, 0]))
-                samples = block.samples.values
-                atoms = first_atom[samples[:, 0]] + samples[:, 1]
-                result = result.index_add(0, atoms, network(block.values))
+            atoms = torch.nonzero(types == self.atomic_types[i]).reshape(-1)
+            if len(atoms) > 0:  # this element is in the batch
+                result = result.index_add(0, atoms, network(features.index_select(0, atoms)))
         return result
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
-        return self.calculator.requested_neighbor_lists()
+        return self.soap.requested_neighbor_lists()
 
     @torch.jit.unused
     def interaction_range(self) -> float:
