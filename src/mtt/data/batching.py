@@ -41,6 +41,49 @@ class Batch:
     stress: dict[str, torch.Tensor]  # name -> (n_systems, 3, 3)
 
 
+@dataclass
+class _Prepared:
+    """A structure's tensors in the training dtype and device, made once and reused."""
+
+    types: torch.Tensor
+    positions: torch.Tensor
+    cell: torch.Tensor
+    pbc: torch.Tensor
+    neighbors: list[tuple[NeighborListOptions, TensorBlock]]
+    values: dict[str, torch.Tensor]
+    forces: dict[str, torch.Tensor]
+    stress: dict[str, torch.Tensor]
+
+
+def _prepared(structure: Structure, dtype: torch.dtype, device: torch.device) -> _Prepared:
+    cache = structure.__dict__.setdefault("_prepared", {})
+    key = (dtype, str(device), id(structure.neighbors))  # new neighbour lists, new tensors
+    if key not in cache:
+        cache.clear()  # one training dtype and device at a time
+        cache[key] = _Prepared(
+            types=structure.types.to(device),
+            positions=structure.positions.to(device=device, dtype=dtype),
+            cell=structure.cell.to(device=device, dtype=dtype),
+            pbc=structure.pbc.to(device),
+            neighbors=[
+                (
+                    options,
+                    TensorBlock(
+                        block.values.to(device=device, dtype=dtype),
+                        block.samples.to(device),
+                        [c.to(device) for c in block.components],
+                        block.properties.to(device),
+                    ),
+                )
+                for options, block in structure.neighbors
+            ],
+            values={n: v.to(device=device, dtype=dtype) for n, v in structure.values.items()},
+            forces={n: v.to(device=device, dtype=dtype) for n, v in structure.forces.items()},
+            stress={n: v.to(device=device, dtype=dtype) for n, v in structure.stress.items()},
+        )
+    return cache[key]
+
+
 def make_batch(
     structures: list[Structure],
     dtype: torch.dtype,
@@ -52,10 +95,10 @@ def make_batch(
     strains = None
     if stress:
         strains = torch.zeros((len(structures), 3, 3), dtype=dtype, device=device, requires_grad=True)
+    prepared = [_prepared(structure, dtype, device) for structure in structures]
     systems, leaves = [], []
-    for i, structure in enumerate(structures):
-        positions = structure.positions.to(device=device, dtype=dtype).detach()
-        cell = structure.cell.to(device=device, dtype=dtype)
+    for i, structure in enumerate(prepared):
+        positions, cell = structure.positions.detach(), structure.cell
         if forces or stress:
             positions.requires_grad_(True)
         leaves.append(positions)
@@ -63,36 +106,22 @@ def make_batch(
             deformation = torch.eye(3, dtype=dtype, device=device) + strains[i]
             positions = positions @ deformation
             cell = cell @ deformation
-        system = System(
-            structure.types.to(device), positions, cell, structure.pbc.to(device)
-        )
+        system = System(structure.types, positions, cell, structure.pbc)
         for options, block in structure.neighbors:
-            neighbors = TensorBlock(
-                block.values.to(device=device, dtype=dtype, copy=True),
-                block.samples.to(device),
-                [c.to(device) for c in block.components],
-                block.properties.to(device),
-            )
-            if forces or stress:
-                register_autograd_neighbors(system, neighbors)
-            system.add_neighbor_list(options, neighbors)
+            if forces or stress:  # a fresh alias: the autograd link is made anew for each batch
+                block = TensorBlock(block.values.detach(), block.samples, block.components, block.properties)
+                register_autograd_neighbors(system, block)
+            system.add_neighbor_list(options, block)
         systems.append(system)
-
-    def stack(get):
-        names = structures[0].__dict__[get].keys()
-        return {n: torch.stack([s.__dict__[get][n] for s in structures]).to(device, dtype) for n in names}
 
     return Batch(
         systems=systems,
         positions=leaves,
         strains=strains,
-        n_atoms=torch.tensor([len(s) for s in structures], device=device),
-        values={n: v.reshape(-1) for n, v in stack("values").items()},
-        forces={
-            n: torch.cat([s.forces[n] for s in structures]).to(device, dtype)
-            for n in structures[0].forces
-        },
-        stress=stack("stress"),
+        n_atoms=torch.tensor([len(s.types) for s in prepared], device=device),
+        values={n: torch.cat([s.values[n].reshape(-1) for s in prepared]) for n in prepared[0].values},
+        forces={n: torch.cat([s.forces[n] for s in prepared]) for n in prepared[0].forces},
+        stress={n: torch.stack([s.stress[n] for s in prepared]) for n in prepared[0].stress},
     )
 
 

@@ -74,6 +74,7 @@ class Trainer:
             [p for p in model.parameters() if p.requires_grad],
             lr=self.hypers.learning_rate,
             weight_decay=self.hypers.weight_decay,
+            foreach=True,  # one kernel per operation for all tensors: the models have many small ones
         )
 
     def make_schedule(self, total_steps: int) -> Callable[[int], float]:
