@@ -14,6 +14,7 @@ medians with min and max, and mtt / metatrain ratios. Run it with nothing else o
 from __future__ import annotations
 
 import argparse
+import csv
 import re
 import statistics
 import subprocess
@@ -28,7 +29,15 @@ DATA = ROOT.parent / "shared" / "data"
 VENV = ROOT / ".bench" / "metatrain"
 METATRAIN = "metatrain[soap-bpnn]==2026.4.1"
 
-MEV = {"kcal/mol": 43.364104, "Hartree": 27211.386, "eV": 1000.0}
+# metatrain prints errors in the unit it finds readable; to meV (and meV/Å)
+MEV = {"mev": 1.0, "ev": 1000.0, "kcal/mol": 43.364104, "hartree": 27211.386}
+
+
+def _in_mev(match) -> float:
+    value, unit = float(match.group(1)), match.group(2).lower()
+    for suffix in ("/a", "/å", "/angstrom"):
+        unit = unit.removesuffix(suffix)
+    return value * MEV[unit]
 DATASETS = {
     "ethanol": ("ethanol_reduced_100.xyz", "kcal/mol", "forces: {key: forces}"),
     "qm9": ("qm9_reduced_100.xyz", "Hartree", "forces: off"),
@@ -105,22 +114,25 @@ def run_tool(tool: str, dataset: str, epochs: int, folder: Path) -> dict:
     peak_mb = int(re.search(r"PEAK (\d+)", result.stderr).group(1)) / 1024
     text = result.stdout + result.stderr
     if tool == "mtt":
-        text += next(folder.glob("outputs/*/*/train.log")).read_text()
-        stamps = re.findall(r"^(\S+ \S+) INFO epoch \d+/", text, re.M)
+        run = next(folder.glob("outputs/*/*/metrics.csv")).parent
+        text += (run / "train.log").read_text()
+        with open(run / "metrics.csv") as csv_file:
+            epoch_times = [float(row["time [s]"]) for row in csv.DictReader(csv_file)]
+        per_epoch = statistics.fmean(epoch_times)
         test = next(line for line in text.splitlines() if "test set" in line)
         energy = float(re.search(r"energy per atom rmse ([\d.]+)", test).group(1))
         forces = re.search(r"forces rmse ([\d.]+)", test)
         forces = float(forces.group(1)) if forces else None
     else:
         text += "".join(p.read_text() for p in folder.glob("outputs/*/*/train.log"))
+        # metatrain logs to the second: the mean epoch time over the run's span of epoch lines
         stamps = re.findall(r"^\[(\S+ \S+)\]\[INFO\] - Epoch", text, re.M)
+        times = [datetime.strptime(s[:19], "%Y-%m-%d %H:%M:%S") for s in stamps]
+        per_epoch = (times[-1] - times[0]).total_seconds() / (len(times) - 1)
         test = text[text.rindex("Evaluating test dataset"):]
-        scale = MEV[unit]
-        energy = float(re.search(r"energy RMSE \(per atom\): ([\d.e+-]+)", test).group(1)) * scale
-        forces = re.search(r"(?:forces|energy_positions_gradients) RMSE: ([\d.e+-]+)", test)
-        forces = float(forces.group(1)) * scale if forces and dataset != "qm9" else None
-    times = [datetime.strptime(s[:19], "%Y-%m-%d %H:%M:%S") for s in stamps]
-    per_epoch = (times[-1] - times[0]).total_seconds() / (len(times) - 1)
+        energy = _in_mev(re.search(r"energy RMSE \(per atom\): ([\d.e+-]+) (\S+)", test))
+        forces = re.search(r"(?:forces|energy_positions_gradients) RMSE: ([\d.e+-]+) (\S+)", test)
+        forces = _in_mev(forces) if forces and dataset != "qm9" else None
     return {"s/epoch": per_epoch, "structures/s": 90 / per_epoch, "fixed s": total - per_epoch * epochs,
             "peak MB": peak_mb, "test E meV/atom": energy, "test F meV/A": forces}
 

@@ -75,3 +75,34 @@ def test_torch_soap_equals_featomic(max_angular, max_radial):
     scale = max(float(f.abs().max()) for f in forces)
     for mine, theirs in zip(our_forces, forces):
         assert torch.allclose(mine, theirs, rtol=0, atol=1e-6 * scale)
+
+
+def test_energy_training_keeps_the_features():
+    """Without derivatives the trainer keeps SOAP features; with them, nothing (recomputed)."""
+    from mtt.architectures import load
+    from mtt.architectures.testing import emt_structures
+    from mtt.config.schema import parse_options
+    from mtt.data.batching import compute_neighbor_lists, make_batch
+    from mtt.data.dataset import DatasetInfo
+    from mtt.data.readers import TargetInfo
+    from mtt.training.cache import PrecomputedInputs
+
+    info = DatasetInfo([29, 78, 79], {"energy": TargetInfo("energy", "energy", "eV", False, False)})
+    architecture = load("soap_bpnn")
+    model = architecture.model_class(parse_options(architecture.hypers_class, {}, ""), info)
+    structures = emt_structures(2)
+    compute_neighbor_lists(structures, model.requested_neighbor_lists())
+    energy_only = PrecomputedInputs(model, derivatives=False, budget_mb=100)
+    systems = make_batch(structures, torch.float32, torch.device("cpu"), False, False, energy_only.attach).systems
+    assert all("mtt::soap_features" in system.known_data() for system in systems)
+    assert energy_only.used == sum(len(s) for s in structures) * model.soap.n_features * 4
+
+    with_forces = PrecomputedInputs(model, derivatives=True, budget_mb=100)
+    systems = make_batch(structures, torch.float32, torch.device("cpu"), True, False, with_forces.attach).systems
+    assert not any(system.known_data() for system in systems)
+
+    too_small = PrecomputedInputs(model, derivatives=False, budget_mb=1e-3)
+    fresh = emt_structures(2)
+    compute_neighbor_lists(fresh, model.requested_neighbor_lists())
+    systems = make_batch(fresh, torch.float32, torch.device("cpu"), False, False, too_small.attach).systems
+    assert too_small.full and not any(system.known_data() for system in systems)

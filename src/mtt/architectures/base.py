@@ -66,6 +66,18 @@ class Model(torch.nn.Module):
         """How far, in Å, an atom's environment reaches (declared to simulation engines)."""
         return 0.0
 
+    @torch.jit.unused
+    def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
+        """Data about one structure that does not depend on the weights, kept by the trainer.
+
+        The trainer calls this once per training or validation structure (with its neighbour
+        lists; ``derivatives`` when forces or stress are trained) and attaches the result
+        to that structure's system with ``System.add_data`` at every step, within the
+        memory budget ``training.cache_memory_mb``. A model given such data must return the
+        same values and first derivatives as without it. The default keeps nothing.
+        """
+        return {}
+
     # -- what the framework provides ----------------------------------------------------
     def forward(
         self,

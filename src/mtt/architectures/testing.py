@@ -134,6 +134,32 @@ class ArchitectureTests:
         finite = (deformed[0] - deformed[1]) / (2 * step) / volume / 2
         assert abs(finite - float(predicted.stress["energy"][0, 0, 1])) < 1e-6
 
+    def test_precomputed_inputs_change_nothing(self, model, info):
+        """What the trainer keeps from ``Model.precompute`` gives the same values and derivatives."""
+        from ..training.cache import PrecomputedInputs
+
+        structures = emt_structures(3)
+        compute_neighbor_lists(structures, model.requested_neighbor_lists())
+        for derivatives in (False, True):
+            target = TargetInfo("energy", "energy", "eV", forces=derivatives, stress=derivatives)
+            targets = DatasetInfo(info.atomic_types, {"energy": target})
+            kept = PrecomputedInputs(model, derivatives, budget_mb=100)
+            results = []
+            for attach in (None, kept.attach, kept.attach):  # computed, then kept, then reused
+                batch = make_batch(structures, torch.float64, torch.device("cpu"), derivatives, derivatives, attach)
+                predictions = predict(model, batch, targets, create_graph=derivatives)
+                loss = predictions.values["energy"].square().sum()
+                if derivatives:
+                    loss = loss + predictions.forces["energy"].square().sum() + predictions.stress["energy"].square().sum()
+                weights = [p for p in model.parameters() if p.requires_grad]
+                gradients = torch.autograd.grad(loss, weights, allow_unused=True) if weights else []
+                results.append((predictions, [g for g in gradients if g is not None]))
+            for predictions, gradients in results[1:]:
+                torch.testing.assert_close(predictions.values, results[0][0].values, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(predictions.forces, results[0][0].forces, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(predictions.stress, results[0][0].stress, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(gradients, results[0][1], rtol=1e-10, atol=1e-12)
+
     def test_per_atom_outputs_add_up(self, model, info):
         from metatomic.torch import ModelOutput
 

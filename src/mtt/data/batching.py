@@ -8,6 +8,7 @@ forces and stress flow through them) every time the structure is used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from metatensor.torch import TensorBlock
@@ -53,6 +54,7 @@ class _Prepared:
     values: dict[str, torch.Tensor]
     forces: dict[str, torch.Tensor]
     stress: dict[str, torch.Tensor]
+    system: System | None = None  # reused by every batch that needs no derivatives
 
 
 def _prepared(structure: Structure, dtype: torch.dtype, device: torch.device) -> _Prepared:
@@ -90,14 +92,24 @@ def make_batch(
     device: torch.device,
     forces: bool,
     stress: bool,
+    attach: Callable[[Structure, System], None] | None = None,
 ) -> Batch:
-    """Build the systems of a batch; positions (and a strain) require grad when needed."""
+    """Build the systems of a batch; positions (and a strain) require grad when needed.
+
+    ``attach`` may add data to each structure's system (the trainer's precomputed inputs).
+    """
     strains = None
     if stress:
         strains = torch.zeros((len(structures), 3, 3), dtype=dtype, device=device, requires_grad=True)
     prepared = [_prepared(structure, dtype, device) for structure in structures]
     systems, leaves = [], []
     for i, structure in enumerate(prepared):
+        if not (forces or stress) and structure.system is not None:
+            if attach is not None:
+                attach(structures[i], structure.system)
+            systems.append(structure.system)
+            leaves.append(structure.positions)
+            continue
         positions, cell = structure.positions.detach(), structure.cell
         if forces or stress:
             positions.requires_grad_(True)
@@ -112,6 +124,10 @@ def make_batch(
                 block = TensorBlock(block.values.detach(), block.samples, block.components, block.properties)
                 register_autograd_neighbors(system, block)
             system.add_neighbor_list(options, block)
+        if attach is not None:
+            attach(structures[i], system)
+        if not (forces or stress):
+            structure.system = system
         systems.append(system)
 
     return Batch(

@@ -49,6 +49,12 @@ class TrainerHypers:
     log_interval: int = option(1, "Print a progress line every this many epochs (files only).")
     log_mae: bool = option(False, "Print MAEs beside RMSEs in the progress lines.")
     max_grad_norm: Optional[float] = option(None, "Clip the gradient norm to this value.")
+    cache_memory_mb: float = option(
+        1024.0,
+        "Memory, in MB per process, for what the architecture computes once per structure and "
+        "keeps between epochs (SOAP-BPNN: the descriptor and its derivatives). Structures "
+        "beyond it are computed at every step, with the same results; 0 keeps nothing.",
+    )
 
     def __post_init__(self):
         if self.batch_size < 1 or self.num_epochs < 0:
@@ -57,6 +63,8 @@ class TrainerHypers:
             raise ValueError("learning_rate must be > 0 and warmup_fraction in [0, 1)")
         if self.checkpoint_interval < 1 or self.log_interval < 1:
             raise ValueError("checkpoint_interval and log_interval must be >= 1")
+        if self.cache_memory_mb < 0:
+            raise ValueError("cache_memory_mb must be >= 0")
 
     @property
     def loss_hypers(self) -> LossHypers:

@@ -18,6 +18,7 @@ from ..data.readers import Structure
 from ..distributed import DistributedEnvironment, share
 from ..errors import TrainingDiverged
 from ..outputs import LOGGER, MetricsCsv, Progress, format_metrics
+from .cache import PrecomputedInputs
 from .hypers import TrainerHypers
 from .loss import Loss, Metrics, term_shares, terms_of
 from .predictions import predict
@@ -66,6 +67,7 @@ class Trainer:
         self.terms = terms_of(info)
         self.needs_forces = any(t.forces for t in info.targets.values())
         self.needs_stress = any(t.stress for t in info.targets.values())
+        self.precomputed: PrecomputedInputs | None = None
 
     # -- hooks ---------------------------------------------------------------------------
     def make_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -74,7 +76,7 @@ class Trainer:
             [p for p in model.parameters() if p.requires_grad],
             lr=self.hypers.learning_rate,
             weight_decay=self.hypers.weight_decay,
-            foreach=True,  # one kernel per operation for all tensors: the models have many small ones
+            fused=True,  # one pass over the parameters: 4x faster than the default on CPU
         )
 
     def make_schedule(self, total_steps: int) -> Callable[[int], float]:
@@ -93,7 +95,8 @@ class Trainer:
 
     # -- pieces of the loop --------------------------------------------------------------
     def batch(self, structures: list[Structure]):
-        return make_batch(structures, self.dtype, self.device, self.needs_forces, self.needs_stress)
+        attach = self.precomputed.attach if self.precomputed is not None else None
+        return make_batch(structures, self.dtype, self.device, self.needs_forces, self.needs_stress, attach)
 
     def global_batches(self, n_structures: int, epoch: int) -> list[list[int]]:
         """The shuffled batches of an epoch, the same on every rank and for any rank count."""
@@ -161,6 +164,7 @@ class Trainer:
         """
         hypers = self.hypers
         main = self.environment.is_main
+        self.precomputed = PrecomputedInputs(model, self.needs_forces or self.needs_stress, hypers.cache_memory_mb)
         loss = Loss(hypers.loss_hypers, self.terms, state.spreads)
         parameters = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.make_optimizer(model) if parameters else None

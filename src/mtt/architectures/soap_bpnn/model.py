@@ -6,9 +6,10 @@ plain TorchScript.
 """
 
 
-from typing import List
+from typing import Dict, List
 
 import torch
+from metatensor.torch import TensorMap
 from metatomic.torch import NeighborListOptions, System
 
 from ..base import Model
@@ -57,6 +58,10 @@ class SoapBpnn(Model):
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         return self.soap.requested_neighbor_lists()
+
+    @torch.jit.unused
+    def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
+        return self.soap.precompute(system, derivatives)
 
     @torch.jit.unused
     def interaction_range(self) -> float:

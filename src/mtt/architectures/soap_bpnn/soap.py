@@ -18,16 +18,17 @@ The features are ordered as featomic's ``SoapPowerSpectrum`` after
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
-from metatensor.torch import Labels, TensorBlock
+from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import NeighborListOptions, System
 
 # Grid spacing of the radial table, in Å; the cubic Hermite spline with exact derivatives
 # then agrees with featomic's own splines to about 1e-9 (tested against featomic).
 RADIAL_GRID_SPACING = 0.005
+
 
 
 def featomic_hypers(radius: float, width: float, max_angular: int, max_radial: int, gaussian_width: float) -> dict:
@@ -85,18 +86,19 @@ def harmonics_as_polynomials(max_angular: int) -> tuple[torch.Tensor, torch.Tens
     points = rng.normal(size=(40 * (max_angular + 1) ** 2 + 200, 3))
     points /= np.linalg.norm(points, axis=1, keepdims=True)
     reference = _reference_harmonics(points, max_angular)
-    exponents, columns = [], []
+    exponents = []
     coefficients = np.zeros((0, (max_angular + 1) * (2 * max_angular + 1)))
     for l in range(max_angular + 1):
         degree = [(a, b, l - a - b) for a in range(l + 1) for b in range(l + 1 - a)]
         monomials = np.stack([points[:, 0] ** a * points[:, 1] ** b * points[:, 2] ** c for a, b, c in degree], 1)
         block = np.zeros((len(degree), coefficients.shape[1]))
-        for m in range(2 * l + 1):
-            fitted, *_ = np.linalg.lstsq(monomials, reference[:, l, m], rcond=None)
-            if np.abs(monomials @ fitted - reference[:, l, m]).max() > 1e-10:
-                raise ArithmeticError(f"spherical harmonic l={l} is not fitted exactly by monomials")
-            fitted[np.abs(fitted) < 1e-13] = 0.0
-            block[:, l * (2 * max_angular + 1) + m] = fitted
+        target = reference[:, l, : 2 * l + 1]
+        fitted, *_ = np.linalg.lstsq(monomials, target, rcond=None)
+        if np.abs(monomials @ fitted - target).max() > 1e-10:
+            raise ArithmeticError(f"spherical harmonics of l={l} are not fitted exactly by monomials")
+        fitted[np.abs(fitted) < 1e-13] = 0.0
+        start = l * (2 * max_angular + 1)
+        block[:, start : start + 2 * l + 1] = fitted
         exponents += degree
         coefficients = np.concatenate([coefficients, block])
     return torch.tensor(exponents, dtype=torch.long), torch.tensor(coefficients)
@@ -228,7 +230,18 @@ class SoapPowerSpectrum(torch.nn.Module):
         return [self.neighbor_list]
 
     def forward(self, systems: List[System]) -> torch.Tensor:
-        """Features of every atom, ordered system by system as ``systems``."""
+        """Features of every atom, ordered system by system as ``systems``.
+
+        Systems that all carry :meth:`precompute`'s features (training without forces or
+        stress) take them as they are.
+        """
+        if all("mtt::soap_features" in system.known_data() for system in systems):
+            return torch.cat([system.get_data("mtt::soap_features").block().values for system in systems])
+        types, first, second, vectors = self._pairs(systems)
+        return self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
+
+    def _pairs(self, systems: List[System]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Atom types, the half list of pairs (numbered across systems) and their vectors."""
         first_atoms: List[torch.Tensor] = []
         second_atoms: List[torch.Tensor] = []
         vectors: List[torch.Tensor] = []
@@ -242,32 +255,19 @@ class SoapPowerSpectrum(torch.nn.Module):
             vectors.append(neighbors.values.reshape(-1, 3))
             types.append(system.types)
             offset += len(system)
-        return self.compute(
-            torch.cat(types), torch.cat(first_atoms), torch.cat(second_atoms), torch.cat(vectors)
-        )
+        return torch.cat(types), torch.cat(first_atoms), torch.cat(second_atoms), torch.cat(vectors)
 
-    def compute(
-        self, types: torch.Tensor, first: torch.Tensor, second: torch.Tensor, vectors: torch.Tensor
-    ) -> torch.Tensor:
-        """Features from the half list of pairs ``first -> second`` with ``vectors``."""
+    def pair_densities(self, vectors: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Each pair's radial (pairs, (L+1) N) and angular (pairs, (L+1)(2L+1)) parts."""
         dtype = vectors.dtype
-        device = vectors.device
-        n_atoms = len(types)
-        n_types = self.n_types
-        size = self.max_angular + 1
-        width = 2 * self.max_angular + 1
-        n_radial = self.n_radial
-        n_pairs = len(first)
-        species = self.type_to_index[types.long()]
-
         distances = torch.linalg.vector_norm(vectors, dim=1)
-        # radial part: cubic spline on featomic's grid, (pairs, L+1, N)
+        # radial part: cubic spline on featomic's grid
         position = distances / self.spacing
         interval = torch.clamp(position.detach().floor().long(), 0, self.radial_cubic.shape[0] - 1)
         t = position - interval.to(dtype)
         t_powers = torch.stack([torch.ones_like(t), t, t * t, t * t * t], dim=1)[:, :, None]
-        radial = (t_powers * self.radial_cubic.to(dtype).index_select(0, interval)).sum(1)  # (pairs, (L+1) N)
-        # angular part: the harmonics as polynomials of the unit vector, (pairs, L+1, 2L+1)
+        radial = (t_powers * self.radial_cubic.to(dtype).index_select(0, interval)).sum(1)
+        # angular part: the harmonics as polynomials of the unit vector
         unit = vectors / distances[:, None]
         power_list = [torch.ones_like(unit)]
         for _ in range(self.max_angular):
@@ -278,14 +278,29 @@ class SoapPowerSpectrum(torch.nn.Module):
             * powers[:, 1].index_select(1, self.exponents[:, 1])
             * powers[:, 2].index_select(1, self.exponents[:, 2])
         )
-        harmonics = monomials @ self.harmonic_coefficients.to(dtype)
+        return radial, monomials @ self.harmonic_coefficients.to(dtype)
+
+    def expansion(
+        self, types: torch.Tensor, first: torch.Tensor, second: torch.Tensor, vectors: torch.Tensor
+    ) -> torch.Tensor:
+        """Density expansion, rows (atom, l, neighbour type), columns (n, m), padded m."""
+        dtype = vectors.dtype
+        device = vectors.device
+        n_atoms = len(types)
+        n_types = self.n_types
+        size = self.max_angular + 1
+        width = 2 * self.max_angular + 1
+        n_radial = self.n_radial
+        n_pairs = len(first)
+        species = self.type_to_index[types.long()]
+
+        radial, harmonics = self.pair_densities(vectors)
         # each pair is seen from both atoms; the reversed vector flips the sign of odd l
         reversed_harmonics = (harmonics.reshape(n_pairs, size, width) * self.parity.to(dtype)[:, None])
         harmonics = torch.cat([harmonics, reversed_harmonics.reshape(n_pairs, -1)])
         radial = torch.cat([radial, radial])
         centers = torch.cat([first, second])
         groups = centers * n_types + torch.cat([species[second], species[first]])
-
         # the density expansion of each (atom, neighbour type): a sum over that group's
         # neighbours, done as one batched matrix product over neighbour slots padded to the
         # largest group
@@ -312,11 +327,38 @@ class SoapPowerSpectrum(torch.nn.Module):
         own[:, :, 0] = self.self_term.to(dtype) * self.harmonic_coefficients[0, 0].to(dtype)  # Y_0^0
         rows = torch.arange(n_atoms, device=device) * (size * n_types) + species  # (atom, l = 0, type)
         expansion = expansion.reshape(n_atoms * size * n_types, n_radial * width)
-        expansion = expansion.index_add(0, rows, own.reshape(n_atoms, -1))
+        return expansion.index_add(0, rows, own.reshape(n_atoms, -1))
 
+    def power_spectrum(self, expansion: torch.Tensor, n_atoms: int) -> torch.Tensor:
+        """Features (atoms, pair x l x n1 x n2) from :meth:`expansion`'s rows."""
+        size = self.max_angular + 1
         # power spectrum: sum over m of products of two neighbour types' expansions, per l,
         # for all pairs of types at once (few large products beat many small ones), then
         # gathered into featomic's order (pair, l, n1, n2) for the pairs a <= b
-        blocks = expansion.reshape(n_atoms * size, n_types * n_radial, width)
+        blocks = expansion.reshape(n_atoms * size, self.n_types * self.n_radial, 2 * self.max_angular + 1)
         products = torch.bmm(blocks, blocks.transpose(1, 2)).reshape(n_atoms, -1)
-        return products.index_select(1, self.feature_positions) * self.feature_weights.to(dtype)
+        return products.index_select(1, self.feature_positions) * self.feature_weights.to(expansion.dtype)
+
+    # -- training: what does not depend on the weights, computed once per structure ------
+    @torch.jit.unused
+    def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
+        """One structure's features, kept by the trainer when no derivative is trained.
+
+        With forces or stress, nothing is kept: the derivatives of the expansion with
+        respect to the pair vectors take 3 x (L+1)^2 x N numbers per pair, and reading
+        them back at every step was measured slower than recomputing the expansion.
+        """
+        if derivatives:
+            return {}
+        types, first, second, vectors = self._pairs([system])
+        with torch.no_grad():
+            features = self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
+        return {"mtt::soap_features": _as_tensormap(features)}
+
+
+def _as_tensormap(values: torch.Tensor) -> TensorMap:
+    """A (rows, columns) tensor as the one-block TensorMap that system data must be."""
+    samples = Labels("atom", torch.arange(len(values), device=values.device).reshape(-1, 1))
+    properties = Labels("feature", torch.arange(values.shape[1], device=values.device).reshape(-1, 1))
+    block = TensorBlock(values, samples, [], properties)
+    return TensorMap(Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=values.device)), [block])

@@ -1,0 +1,51 @@
+"""What an architecture computes once per structure and the trainer keeps between epochs.
+
+Training structures do not move, so whatever a model computes from them without its
+weights (SOAP-BPNN: the descriptor, and its derivatives when forces are trained) is the
+same at every epoch. The model says what that is (``Model.precompute``); this keeps it,
+within a memory budget, and attaches it to the structure's system at every step.
+"""
+
+from __future__ import annotations
+
+import torch
+from metatensor.torch import TensorMap
+from metatomic.torch import System
+
+from ..data.readers import Structure
+from ..outputs import LOGGER
+
+
+class PrecomputedInputs:
+    """Keeps ``model.precompute``'s data per structure, up to ``budget_mb``."""
+
+    def __init__(self, model, derivatives: bool, budget_mb: float):
+        self.model = model
+        self.derivatives = derivatives
+        self.budget = budget_mb * 1024**2
+        self.used = 0
+        self.full = budget_mb <= 0
+        self.kept: dict[int, dict[str, TensorMap]] = {}
+
+    def attach(self, structure: Structure, system: System) -> None:
+        """Give ``system`` (the batch's copy of ``structure``) the kept data, computing it once."""
+        data = self.kept.get(id(structure))
+        if data is None and not self.full:
+            with torch.no_grad():
+                data = self.model.precompute(system, self.derivatives)
+            size = sum(b.values.numel() * b.values.element_size() for t in data.values() for b in t.blocks())
+            if self.used + size > self.budget:
+                self.full = True
+                LOGGER.info(
+                    "the cache of precomputed inputs is full (%.0f MB, %d structures): other structures "
+                    "are computed at every step; raise architecture.training.cache_memory_mb to keep more",
+                    self.used / 1024**2, len(self.kept),
+                )
+                data = None
+            else:
+                self.used += size
+                self.kept[id(structure)] = data
+        known = system.known_data() if data else []
+        for name, tensor in (data or {}).items():
+            if name not in known:  # a system reused between batches has it already
+                system.add_data(name, tensor)
