@@ -18,7 +18,7 @@ The features are ordered as featomic's ``SoapPowerSpectrum`` after
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -295,38 +295,41 @@ class SoapPowerSpectrum(torch.nn.Module):
         species = self.type_to_index[types.long()]
 
         radial, harmonics = self.pair_densities(vectors)
+        radial = radial.reshape(n_pairs, size, n_radial)
+        harmonics = harmonics.reshape(n_pairs, size, width)
         # each pair is seen from both atoms; the reversed vector flips the sign of odd l
-        reversed_harmonics = (harmonics.reshape(n_pairs, size, width) * self.parity.to(dtype)[:, None])
-        harmonics = torch.cat([harmonics, reversed_harmonics.reshape(n_pairs, -1)])
-        radial = torch.cat([radial, radial])
-        centers = torch.cat([first, second])
-        groups = centers * n_types + torch.cat([species[second], species[first]])
-        # the density expansion of each (atom, neighbour type): a sum over that group's
+        reversed_harmonics = harmonics * self.parity.to(dtype)[:, None]
+        groups = torch.cat([first * n_types + species[second], second * n_types + species[first]])
+
+        # the density expansion of each (atom, neighbour type) is a sum over that group's
         # neighbours, done as one batched matrix product over neighbour slots padded to the
-        # largest group
+        # largest group; each pair is written straight into its slot, for both directions
         n_groups = n_atoms * n_types
         counts = torch.bincount(groups, minlength=n_groups)
         slots = int(counts.max()) if n_pairs > 0 else 1
         order = torch.argsort(groups, stable=True)
         start = torch.cumsum(counts, 0) - counts
-        sorted_groups = groups[order]
-        rank = torch.arange(len(groups), device=device) - start[sorted_groups]
         slot = torch.empty_like(groups)
-        slot[order] = sorted_groups * slots + rank
-        padded_harmonics = torch.zeros((n_groups * slots, size * width), dtype=dtype, device=device)
-        padded_harmonics = padded_harmonics.index_copy(0, slot, harmonics)
-        padded_radial = torch.zeros((n_groups * slots, size * n_radial), dtype=dtype, device=device)
-        padded_radial = padded_radial.index_copy(0, slot, radial)
-        # batches (atom, l, neighbour type): the result is laid out as the power spectrum needs
-        left = padded_radial.reshape(n_atoms, n_types, slots, size, n_radial).permute(0, 3, 1, 4, 2)
-        right = padded_harmonics.reshape(n_atoms, n_types, slots, size, width).permute(0, 3, 1, 2, 4)
-        expansion = torch.matmul(left, right)  # (atoms, L+1, types, N, 2L+1)
+        slot[order] = torch.arange(len(groups), device=device) - start[groups[order]]
+        l_values = torch.arange(size, device=device)[None, :]
+        padded_radial = torch.zeros((n_groups, size, slots, n_radial), dtype=dtype, device=device)
+        padded_harmonics = torch.zeros((n_groups, size, slots, width), dtype=dtype, device=device)
+        for direction in range(2):
+            chosen = slice(direction * n_pairs, (direction + 1) * n_pairs)
+            where: List[Optional[torch.Tensor]] = [groups[chosen][:, None], l_values, slot[chosen][:, None]]
+            padded_radial.index_put_(where, radial)
+            padded_harmonics.index_put_(where, harmonics if direction == 0 else reversed_harmonics)
+        expansion = torch.bmm(
+            padded_radial.reshape(n_groups * size, slots, n_radial).transpose(1, 2),
+            padded_harmonics.reshape(n_groups * size, slots, width),
+        )  # (atom, type, l, n, m), reordered below to rows (atom, l, type) at the atom level
+        expansion = expansion.reshape(n_atoms, n_types, size, n_radial * width).transpose(1, 2)
+        expansion = expansion.reshape(n_atoms * size * n_types, n_radial * width)
 
         # the central atom's own density: l = 0, m = 0 only
         own = torch.zeros((n_atoms, n_radial, width), dtype=dtype, device=device)
         own[:, :, 0] = self.self_term.to(dtype) * self.harmonic_coefficients[0, 0].to(dtype)  # Y_0^0
         rows = torch.arange(n_atoms, device=device) * (size * n_types) + species  # (atom, l = 0, type)
-        expansion = expansion.reshape(n_atoms * size * n_types, n_radial * width)
         return expansion.index_add(0, rows, own.reshape(n_atoms, -1))
 
     def power_spectrum(self, expansion: torch.Tensor, n_atoms: int) -> torch.Tensor:
