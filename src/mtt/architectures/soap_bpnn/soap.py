@@ -18,7 +18,7 @@ The features are ordered as featomic's ``SoapPowerSpectrum`` after
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -312,13 +312,13 @@ class SoapPowerSpectrum(torch.nn.Module):
         slot = torch.empty_like(groups)
         slot[order] = torch.arange(len(groups), device=device) - start[groups[order]]
         l_values = torch.arange(size, device=device)[None, :]
-        padded_radial = torch.zeros((n_groups, size, slots, n_radial), dtype=dtype, device=device)
-        padded_harmonics = torch.zeros((n_groups, size, slots, width), dtype=dtype, device=device)
-        for direction in range(2):
-            chosen = slice(direction * n_pairs, (direction + 1) * n_pairs)
-            where: List[Optional[torch.Tensor]] = [groups[chosen][:, None], l_values, slot[chosen][:, None]]
-            padded_radial.index_put_(where, radial)
-            padded_harmonics.index_put_(where, harmonics if direction == 0 else reversed_harmonics)
+        rows = ((groups[:, None] * size + l_values) * slots + slot[:, None]).reshape(2, -1)  # (group, l, slot)
+        padded_radial = torch.zeros((n_groups * size * slots, n_radial), dtype=dtype, device=device)
+        padded_harmonics = torch.zeros((n_groups * size * slots, width), dtype=dtype, device=device)
+        padded_radial.index_copy_(0, rows[0], radial.reshape(-1, n_radial))
+        padded_radial.index_copy_(0, rows[1], radial.reshape(-1, n_radial))
+        padded_harmonics.index_copy_(0, rows[0], harmonics.reshape(-1, width))
+        padded_harmonics.index_copy_(0, rows[1], reversed_harmonics.reshape(-1, width))
         expansion = torch.bmm(
             padded_radial.reshape(n_groups * size, slots, n_radial).transpose(1, 2),
             padded_harmonics.reshape(n_groups * size, slots, width),
