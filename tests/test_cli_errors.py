@@ -116,6 +116,12 @@ def test_typo_in_override(tmp_path, options):
     assert_nothing_written(tmp_path)
 
 
+def test_negative_cache_budget(tmp_path, options):
+    result = run_mtt("train", "options.yaml", "architecture.training.cache_memory_mb=-1", cwd=tmp_path)
+    assert_user_error(result, "'architecture.training'", "cache_memory_mb must be >= 0")
+    assert_nothing_written(tmp_path)
+
+
 def test_unknown_architecture_in_file(tmp_path, data_file):
     write_options(tmp_path, OPTIONS.replace("name: composition", "name: soap_bpn"))
     result = run_mtt("train", "options.yaml", cwd=tmp_path)

@@ -162,3 +162,22 @@ validation_set: 0.1
     test_line = next(line for line in result.stdout.splitlines() if line.startswith("test set"))
     assert expected in test_line
     assert "nan" not in test_line
+
+
+def test_kept_features_change_no_number(tmp_path, emt_file):
+    """Energy-only training keeps SOAP features; with no budget, or a too small one, the
+    numbers are the same, and a full budget is said in the log."""
+    text = emt_options(emt_file, 3).replace("forces: on, stress: on", "forces: off, stress: off")
+    metrics = {}
+    for budget in ("1024", "0", "0.3"):  # 0.3 MB keeps a few structures: mixed batches
+        folder = tmp_path / f"budget-{budget}"
+        folder.mkdir()
+        options = write_options(folder, text)
+        result = run_mtt("train", str(options), f"architecture.training.cache_memory_mb={budget}", cwd=folder)
+        assert result.returncode == 0, result.stderr
+        run = run_folder(folder)
+        with open(run / "metrics.csv") as file:
+            metrics[budget] = [{k: v for k, v in row.items() if k != "time [s]"} for row in csv.DictReader(file)]
+        full = "cache of precomputed inputs is full" in (run / "train.log").read_text()
+        assert full == (budget == "0.3")
+    assert metrics["1024"] == metrics["0"] == metrics["0.3"]

@@ -37,7 +37,7 @@ class PrecomputedInputs:
             if self.used + size > self.budget:
                 self.full = True
                 LOGGER.info(
-                    "the cache of precomputed inputs is full (%.0f MB, %d structures): other structures "
+                    "the cache of precomputed inputs is full (%.1f MB, %d structures): other structures "
                     "are computed at every step; raise architecture.training.cache_memory_mb to keep more",
                     self.used / 1024**2, len(self.kept),
                 )
