@@ -151,10 +151,10 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     values = torch.zeros((size, max_angular + 1, n_radial), dtype=torch.float64)
     derivatives = torch.zeros_like(values)
     self_term = torch.zeros(n_radial, dtype=torch.float64)
-    z_axis = torch.tensor([[0.0, 0.0, 1.0]]).numpy()
+    on_z_axis = _reference_harmonics(np.array([[0.0, 0.0, 1.0]]), max_angular)[0]
     for l in range(max_angular + 1):
         block = expansion.block({"o3_lambda": l})
-        y_l0 = float(_reference_harmonics(z_axis, max_angular)[0, l, l])
+        y_l0 = float(on_z_axis[l, l])
         samples = block.samples.values
         on_first = samples[:, 1] == 0
         dimers = on_first & (samples[:, 0] < size)
