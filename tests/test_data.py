@@ -277,3 +277,44 @@ def test_splits_are_reproducible_and_disjoint(tmp_path):
     frames = ase.io.read(EMT_DATA, ":")
     for (_, index), structure in zip(first.origins["validation"], first.validation):
         assert structure.types.tolist() == frames[index].numbers.tolist()
+
+
+def test_batches_reuse_systems_and_their_derivatives_stay_right():
+    """A structure's system is built once; its kept link to the neighbour vectors gives the
+    same forces, stress and weight gradients at every step as a freshly built one."""
+    import torch
+
+    from mtt.architectures import load
+    from mtt.architectures.testing import emt_structures
+    from mtt.config.schema import parse_options
+    from mtt.data.batching import compute_neighbor_lists, make_batch
+    from mtt.data.dataset import DatasetInfo
+    from mtt.data.readers import TargetInfo
+    from mtt.training.predictions import predict
+
+    info = DatasetInfo([29, 78, 79], {"energy": TargetInfo("energy", "energy", "eV", True, True)})
+    architecture = load("soap_bpnn")
+    torch.manual_seed(0)
+    model = architecture.model_class(parse_options(architecture.hypers_class, {}, ""), info).double()
+    weights = list(model.parameters())
+
+    def step(structures):
+        batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True)
+        predictions = predict(model, batch, info, create_graph=True)
+        loss = sum(getattr(predictions, kind)["energy"].square().sum() for kind in ("values", "forces", "stress"))
+        model.zero_grad()
+        loss.backward(inputs=weights)
+        return batch, [predictions.forces["energy"], predictions.stress["energy"]] + [w.grad.clone() for w in weights]
+
+    structures = emt_structures(3, seed=2)
+    compute_neighbor_lists(structures, model.requested_neighbor_lists())
+    first_batch, first = step(structures)
+    second_batch, second = step(structures)
+    assert all(a is b for a, b in zip(first_batch.systems, second_batch.systems))
+
+    fresh = emt_structures(3, seed=2)
+    compute_neighbor_lists(fresh, model.requested_neighbor_lists())
+    _, reference = step(fresh)
+    for kept, again, new in zip(first, second, reference):
+        torch.testing.assert_close(again, kept, rtol=0, atol=0)
+        torch.testing.assert_close(new, kept, rtol=1e-12, atol=1e-14)

@@ -52,7 +52,7 @@ class TrainerHypers:
     cache_memory_mb: float = option(
         1024.0,
         "Memory, in MB per process, for what the architecture computes once per structure and "
-        "keeps between epochs (SOAP-BPNN: the descriptor and its derivatives). Structures "
+        "keeps between epochs (SOAP-BPNN: the descriptor, when no derivative is trained). Structures "
         "beyond it are computed at every step, with the same results; 0 keeps nothing.",
     )
 

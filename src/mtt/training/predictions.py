@@ -40,13 +40,14 @@ def predict(model, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predi
             continue
         inputs = list(batch.positions)
         if target.stress:
-            inputs.append(batch.strains)
+            inputs.extend(batch.strains)
+        # retain_graph: the link from the batch's leaves to its neighbour vectors is reused
         grads = torch.autograd.grad(
             values[target.name].sum(), inputs, create_graph=create_graph, retain_graph=True
         )
         if target.forces:
             forces[target.name] = -torch.cat(grads[: len(batch.positions)])
         if target.stress:
-            volumes = torch.stack([torch.abs(torch.det(s.cell)) for s in batch.systems])
-            stress[target.name] = grads[-1] / volumes[:, None, None]
+            volumes = torch.stack([torch.abs(torch.det(s.cell.detach())) for s in batch.systems])
+            stress[target.name] = torch.stack(grads[len(batch.positions) :]) / volumes[:, None, None]
     return Predictions(values, forces, stress)
