@@ -312,13 +312,13 @@ class SoapPowerSpectrum(torch.nn.Module):
         slot = torch.empty_like(groups)
         slot[order] = torch.arange(len(groups), device=device) - start[groups[order]]
         l_values = torch.arange(size, device=device)[None, :]
-        rows = ((groups[:, None] * size + l_values) * slots + slot[:, None]).reshape(2, -1)  # (group, l, slot)
+        rows = ((groups[:, None] * size + l_values) * slots + slot[:, None]).reshape(-1)  # (group, l, slot)
+        # one copy per tensor: after a second copy into the same tensor, autograd would clear
+        # the first one's slots in the whole padded gradient
         padded_radial = torch.zeros((n_groups * size * slots, n_radial), dtype=dtype, device=device)
+        padded_radial.index_copy_(0, rows, torch.cat([radial, radial]).reshape(-1, n_radial))
         padded_harmonics = torch.zeros((n_groups * size * slots, width), dtype=dtype, device=device)
-        padded_radial.index_copy_(0, rows[0], radial.reshape(-1, n_radial))
-        padded_radial.index_copy_(0, rows[1], radial.reshape(-1, n_radial))
-        padded_harmonics.index_copy_(0, rows[0], harmonics.reshape(-1, width))
-        padded_harmonics.index_copy_(0, rows[1], reversed_harmonics.reshape(-1, width))
+        padded_harmonics.index_copy_(0, rows, torch.cat([harmonics, reversed_harmonics]).reshape(-1, width))
         expansion = torch.bmm(
             padded_radial.reshape(n_groups * size, slots, n_radial).transpose(1, 2),
             padded_harmonics.reshape(n_groups * size, slots, width),
