@@ -18,13 +18,6 @@ sys.path.insert(0, str(HERE / "_ext"))
 
 import mtt  # noqa: E402
 
-# The examples load exported models with their extensions/ folder, which holds a copy of
-# featomic's compiled library. Loading that copy first and featomic.torch (imported by the
-# soap_bpnn architecture, which autodoc and the option reference import) afterwards in the
-# same process aborts: both register the 'featomic' operators. Importing featomic.torch
-# first is fine, the copy is then not loaded again.
-import mtt.architectures.soap_bpnn  # noqa: E402, F401
-
 project = "mtt"
 author = "The mtt developers"
 copyright = "the mtt developers"

@@ -17,6 +17,7 @@ The features are ordered as featomic's ``SoapPowerSpectrum`` after
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Dict, List, Tuple
 
@@ -114,7 +115,10 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     the interval's coordinate t in [0, 1], the self term (the central atom's own density,
     (N,)) and the grid spacing.
     """
-    from featomic.torch import SphericalExpansion
+    import ase
+    # featomic's numpy package, not featomic.torch: a training process that never loads
+    # featomic's TorchScript extension exports models that do not list it as a dependency
+    from featomic import SphericalExpansion
 
     radius = hypers["cutoff"]["radius"]
     max_angular = hypers["basis"]["max_angular"]
@@ -123,30 +127,22 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     distances = torch.arange(intervals + 1, dtype=torch.float64) * spacing
     distances[0] = 1e-6  # the direction of a neighbour at r = 0 is undefined; R is smooth there
 
-    calculator = SphericalExpansion(**hypers)
-    options = calculator.requested_neighbor_lists()[0]
-    no_cell = torch.zeros((3, 3), dtype=torch.float64)
-    no_pbc = torch.zeros(3, dtype=torch.bool)
-    pair_names = ["first_atom", "second_atom", "cell_shift_a", "cell_shift_b", "cell_shift_c"]
-    xyz = Labels("xyz", torch.arange(3).reshape(-1, 1))
-    distance = Labels("distance", torch.zeros((1, 1), dtype=torch.int32))
-    systems = []
-    for r in [*distances.tolist(), None]:  # the last one, a lone atom, gives the self term
-        positions = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, r]] if r is not None else [[0.0, 0.0, 0.0]],
-                                 dtype=torch.float64)
-        system = System(torch.ones(len(positions), dtype=torch.int32), positions, no_cell, no_pbc)
-        n_pairs = 1 if r is not None else 0
-        pairs = TensorBlock(
-            (positions[1:] - positions[:1]).reshape(n_pairs, 3, 1),
-            Labels(pair_names, torch.tensor([[0, 1, 0, 0, 0]] * n_pairs, dtype=torch.int32).reshape(n_pairs, 5)),
-            [xyz],
-            distance,
-        )
-        system.add_neighbor_list(options, pairs)
-        systems.append(system)
-    expansion = calculator.compute(systems, gradients=["positions"])
+    # a dimer on the z axis per grid point, then a lone atom for the self term
+    systems = [ase.Atoms("H2", positions=[[0.0, 0.0, 0.0], [0.0, 0.0, r]]) for r in distances.tolist()]
+    systems.append(ase.Atoms("H", positions=[[0.0, 0.0, 0.0]]))
+    # featomic warns (through the root logger) about the grid's closest dimers, on purpose here
+    close_dimers = logging.Filter()
+    close_dimers.filter = lambda record: "very close to one another" not in record.getMessage()
+    logging.getLogger().addFilter(close_dimers)
+    try:
+        expansion = SphericalExpansion(**hypers).compute(systems, gradients=["positions"])
+    finally:
+        logging.getLogger().removeFilter(close_dimers)
 
     size = intervals + 1
+    def as_torch(array) -> torch.Tensor:
+        return torch.from_numpy(np.array(array))
+
     n_radial = expansion.block(0).values.shape[-1]
     values = torch.zeros((size, max_angular + 1, n_radial), dtype=torch.float64)
     derivatives = torch.zeros_like(values)
@@ -155,19 +151,19 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     for l in range(max_angular + 1):
         block = expansion.block({"o3_lambda": l})
         y_l0 = float(on_z_axis[l, l])
-        samples = block.samples.values
+        samples, block_values = as_torch(block.samples.values).long(), as_torch(block.values)
         on_first = samples[:, 1] == 0
         dimers = on_first & (samples[:, 0] < size)
-        values[samples[dimers, 0], l] = block.values[dimers, l] / y_l0
+        values[samples[dimers, 0], l] = block_values[dimers, l] / y_l0
         if l == 0:
             lone = on_first & (samples[:, 0] == size)
-            self_term = block.values[lone, 0].reshape(-1) / y_l0
+            self_term = block_values[lone, 0].reshape(-1) / y_l0
             values[:, 0] -= self_term  # the neighbour's part only
         gradient = block.gradient("positions")
-        g = gradient.samples.values  # (sample, system, atom)
+        g = as_torch(gradient.samples.values).long()  # (sample, system, atom)
         moved = (g[:, 2] == 1) & dimers[g[:, 0]]
         rows = samples[g[moved, 0], 0]
-        derivatives[rows, l] = gradient.values[moved, 2, l] / y_l0  # d/dz of the neighbour = d/dr
+        derivatives[rows, l] = as_torch(gradient.values)[moved, 2, l] / y_l0  # d/dz of the neighbour = d/dr
 
     h = spacing
     v0, v1, d0, d1 = values[:-1], values[1:], derivatives[:-1] * h, derivatives[1:] * h
