@@ -26,9 +26,12 @@ class PrecomputedInputs:
         self.used = 0
         self.full = budget_mb <= 0
         self.kept: dict[int, dict[str, TensorMap]] = {}
+        self.given: dict[int, System] = {}  # structure -> the (reused) system that has its data
 
     def attach(self, structure: Structure, system: System) -> None:
         """Give ``system`` (the batch's copy of ``structure``) the kept data, computing it once."""
+        if self.given.get(id(structure)) is system:  # batches reuse systems: given already
+            return
         data = self.kept.get(id(structure))
         if data is None and not self.full:
             with torch.no_grad():
@@ -47,5 +50,7 @@ class PrecomputedInputs:
                 self.kept[id(structure)] = data
         known = system.known_data() if data else []
         for name, tensor in (data or {}).items():
-            if name not in known:  # a system reused between batches has it already
+            if name not in known:
                 system.add_data(name, tensor)
+        if data is not None:
+            self.given[id(structure)] = system
