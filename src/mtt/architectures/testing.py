@@ -192,7 +192,7 @@ class ArchitectureTests:
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         lines = result.stdout.split("\n")
-        assert abs(float(lines[0]) - float(expected.values["energy"])) < 1e-8
+        assert abs(float(lines[0]) - float(expected.values["energy"].detach())) < 1e-8
         forces = np.array(lines[1].split(), dtype=float)
         np.testing.assert_allclose(forces, expected.forces["energy"].reshape(-1).numpy(), atol=1e-8)
 
