@@ -139,10 +139,10 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     finally:
         logging.getLogger().removeFilter(close_dimers)
 
-    size = intervals + 1
-    def as_torch(array) -> torch.Tensor:
+    def as_torch(array) -> torch.Tensor:  # featomic's arrays are numpy's
         return torch.from_numpy(np.array(array))
 
+    size = intervals + 1
     n_radial = expansion.block(0).values.shape[-1]
     values = torch.zeros((size, max_angular + 1, n_radial), dtype=torch.float64)
     derivatives = torch.zeros_like(values)
