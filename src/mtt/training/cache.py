@@ -1,8 +1,8 @@
 """What an architecture computes once per structure and the trainer keeps between epochs.
 
 Training structures do not move, so whatever a model computes from them without its
-weights (SOAP-BPNN: the descriptor, and its derivatives when forces are trained) is the
-same at every epoch. The model says what that is (``Model.precompute``); this keeps it,
+weights (SOAP-BPNN: the descriptor, when no derivative is trained) is the same at every
+epoch. The model says what that is (``Model.precompute``); this keeps it,
 within a memory budget, and attaches it to the structure's system at every step.
 """
 
