@@ -105,13 +105,13 @@ def printed_test_metrics(output: str) -> str:
     return next(line for line in output.splitlines() if line.startswith("test set"))
 
 
-def single_process_reference(tmp_path: Path) -> str:
+def single_process_reference(tmp_path: Path, *overrides: str) -> str:
     """The test-set line of a one-process run with the same global batch (16)."""
     folder = tmp_path / "single"
     folder.mkdir()
     options = write_options(folder, OPTIONS)
     result = subprocess.run(
-        [sys.executable, "-m", "mtt", "train", str(options), "architecture.training.batch_size=16"],
+        [sys.executable, "-m", "mtt", "train", str(options), "architecture.training.batch_size=16", *overrides],
         cwd=folder, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr
@@ -210,15 +210,19 @@ def test_a_failing_rank_ends_every_rank(slurm, tmp_path):
 
 @pytest.mark.slurm
 def test_sigusr1_checkpoints_and_restart_auto_finishes_the_same(slurm, tmp_path):
-    reference = single_process_reference(tmp_path)
+    # enough epochs that the signal, sent when epoch 1 is logged, lands well before the
+    # last one ends (an epoch takes about 0.4 s; a signal during the last epoch rightly
+    # lets the run finish, and with 3 epochs that happened in CI)
+    epochs = "architecture.training.num_epochs=15"
+    reference = single_process_reference(tmp_path, epochs)
     options = write_options(tmp_path, OPTIONS)
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(
-        ["srun", "-n", "2", sys.executable, "-m", "mtt", "train", str(options), "distributed=true"],
+        ["srun", "-n", "2", sys.executable, "-m", "mtt", "train", str(options), "distributed=true", epochs],
         cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
     )
     deadline = time.monotonic() + 300
-    while "epoch 1/3" not in (tmp_path / "first.log").read_text() and time.monotonic() < deadline:
+    while "epoch 1/15" not in (tmp_path / "first.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.5)
     first.send_signal(signal.SIGUSR1)  # srun passes it on to every task
     assert first.wait(timeout=300) == 75
@@ -226,7 +230,7 @@ def test_sigusr1_checkpoints_and_restart_auto_finishes_the_same(slurm, tmp_path)
     assert "checkpoint written to" in output
     assert "--restart auto" in output
 
-    second = srun(tmp_path, str(options), "distributed=true", "--restart", "auto")
+    second = srun(tmp_path, str(options), "distributed=true", epochs, "--restart", "auto")
     assert second.returncode == 0, second.stderr
     assert "continuing after epoch" in second.stdout
     assert printed_test_metrics(second.stdout) == reference
