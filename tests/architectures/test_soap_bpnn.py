@@ -106,3 +106,36 @@ def test_energy_training_keeps_the_features():
     compute_neighbor_lists(fresh, model.requested_neighbor_lists())
     systems = make_batch(fresh, torch.float32, torch.device("cpu"), False, False, too_small.attach).systems
     assert too_small.full and not any(system.known_data() for system in systems)
+
+
+def test_hand_written_derivatives_equal_autograd():
+    """The training path's features, pair-vector gradient and its derivative with respect to
+    the incoming gradient (what a force-training step needs) equal autograd's through the
+    plain torch operations, for molecules, crystals, a cell that sees its own images and a
+    lone atom without neighbours."""
+    from mtt.architectures.soap_bpnn.derivatives import SoapFeatures
+
+    lone = ase.Atoms("CO", positions=[[0, 0, 0], [9, 0, 0]])
+    frames = _frames() + [lone]
+    types = sorted({int(z) for atoms in frames for z in atoms.numbers})
+    soap = SoapPowerSpectrum(types, 4.5, 0.5, 4, 3, 0.3)
+    systems = _systems(frames, soap.requested_neighbor_lists()[0])
+    species, first, second, vectors = soap._pairs(systems)
+    generator = torch.Generator().manual_seed(0)
+    for eps in (None, 1e-5):
+        plain = soap.power_spectrum(soap.expansion(species, first, second, vectors), len(species))
+        if eps is not None:
+            plain = torch.nn.functional.layer_norm(plain, plain.shape[1:], eps=eps)
+        ours = SoapFeatures.apply(vectors, soap, species, first, second, eps)
+        torch.testing.assert_close(ours, plain, rtol=0, atol=1e-12 * float(plain.detach().abs().max()))
+
+        incoming = torch.randn(plain.shape, dtype=torch.float64, generator=generator).requires_grad_(True)
+        direction = torch.randn(vectors.shape, dtype=torch.float64, generator=generator)
+        results = []
+        for features in (plain, ours):
+            gradient, = torch.autograd.grad((features * incoming).sum(), vectors, create_graph=True, retain_graph=True)
+            derivative, = torch.autograd.grad((gradient * direction).sum(), incoming)
+            results.append((gradient, derivative))
+        (expected_gradient, expected_derivative), (gradient, derivative) = results
+        torch.testing.assert_close(gradient, expected_gradient, rtol=0, atol=1e-12 * float(expected_gradient.detach().abs().max()))
+        torch.testing.assert_close(derivative, expected_derivative, rtol=0, atol=1e-12 * float(expected_derivative.abs().max()))

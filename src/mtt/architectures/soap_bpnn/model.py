@@ -42,11 +42,14 @@ class SoapBpnn(Model):
             max_radial=soap.max_radial,
             gaussian_width=soap.atomic_gaussian_width,
         )
+        self.layernorm = hypers.bpnn.layernorm
         self.networks = torch.nn.ModuleList(
             [_element_network(self.soap.n_features, len(self.output_names), hypers.bpnn) for _ in self.atomic_types]
         )
 
     def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
+        if self.training and not torch.jit.is_scripting():
+            return self._training_outputs(systems)
         features = self.soap(systems)
         types = torch.cat([s.types for s in systems])
         result = torch.zeros((len(types), len(self.output_names)), dtype=features.dtype, device=features.device)
@@ -55,6 +58,32 @@ class SoapBpnn(Model):
             if len(atoms) > 0:  # this element is in the batch
                 result = result.index_add(0, atoms, network(features.index_select(0, atoms)))
         return result
+
+    @torch.jit.unused
+    def _training_outputs(self, systems: List[System]) -> torch.Tensor:
+        """:meth:`per_atom_outputs` in a training step: the same numbers, faster derivatives.
+
+        The descriptor gives the atoms element by element, so that each network takes a
+        slice of it. Unless the features were kept (no derivatives), the layer norms'
+        normalisation, the same for every element, is done once, with the descriptor,
+        whose derivatives are hand-written; each network keeps its scale and shift.
+        """
+        eps = self.networks[0][0].eps if self.layernorm else None
+        types = torch.cat([s.types for s in systems])
+        species = self.soap.type_to_index[types.long()]
+        order = torch.argsort(species, stable=True)
+        counts = torch.bincount(species, minlength=len(self.atomic_types)).tolist()
+        features, normalized = self.soap.training_features(systems, eps, order)
+        outputs = []
+        for inputs, network in zip(features.split(counts), self.networks):
+            if len(inputs) > 0:  # this element is in the batch
+                if normalized:
+                    inputs = inputs * network[0].weight + network[0].bias
+                    network = network[1:]
+                outputs.append(network(inputs))
+        position = torch.empty_like(order)
+        position[order] = torch.arange(len(order), device=order.device)
+        return torch.cat(outputs).index_select(0, position)
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         return self.soap.requested_neighbor_lists()

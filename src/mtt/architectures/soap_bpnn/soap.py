@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import NeighborListOptions, System
+
+from .derivatives import SoapFeatures, harmonic_gradient_coefficients
 
 # Grid spacing of the radial table, in Å; the cubic Hermite spline with exact derivatives
 # then agrees with featomic's own splines to about 1e-9 (tested against featomic).
@@ -221,6 +223,18 @@ class SoapPowerSpectrum(torch.nn.Module):
                         weights.append(pair_factor[p] * coupling[l])
         self.register_buffer("feature_positions", torch.tensor(positions), persistent=False)
         self.register_buffer("feature_weights", torch.tensor(weights, dtype=torch.float64), persistent=False)
+        # for the training-only derivatives of .derivatives: the same features with (n1, n2)
+        # swapped, the harmonics with their polynomials' gradient, l and (-1)^l per column
+        columns = n_types * n
+        transposed = [
+            p // columns**2 * columns**2 + (p % columns) * columns + p % columns**2 // columns for p in positions
+        ]
+        self.register_buffer("transposed_feature_positions", torch.tensor(transposed), persistent=False)
+        both = torch.cat([coefficients, harmonic_gradient_coefficients(exponents, coefficients)], dim=1)
+        self.register_buffer("harmonics_and_gradient", both, persistent=False)
+        degree = torch.arange(max_angular + 1, dtype=torch.float64).repeat_interleave(2 * max_angular + 1)
+        self.register_buffer("harmonic_degree", degree, persistent=False)
+        self.register_buffer("harmonic_parity", 1.0 - 2.0 * (degree % 2), persistent=False)
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         return [self.neighbor_list]
@@ -235,6 +249,28 @@ class SoapPowerSpectrum(torch.nn.Module):
             return torch.cat([system.get_data("mtt::soap_features").block().values for system in systems])
         types, first, second, vectors = self._pairs(systems)
         return self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
+
+    @torch.jit.unused
+    def training_features(
+        self, systems: List[System], eps: Optional[float], order: torch.Tensor
+    ) -> Tuple[torch.Tensor, bool]:
+        """The features of the atoms ``order`` picks, for a training step, and whether they
+        are normalised per atom (a layer norm without scale and shift, when ``eps`` is given).
+
+        Features that :meth:`precompute` kept come as they are. Others are computed with
+        hand-written derivatives (:mod:`.derivatives`), normalised: those serve forces,
+        stress and their gradients with respect to the weights, not second derivatives
+        with respect to the positions.
+        """
+        if all("mtt::soap_features" in system.known_data() for system in systems):
+            return self.forward(systems).index_select(0, order), False
+        types, first, second, vectors = self._pairs(systems)
+        position = torch.empty_like(order)
+        position[order] = torch.arange(len(order), device=order.device)
+        features = SoapFeatures.apply(
+            vectors, self, types.index_select(0, order), position[first], position[second], eps
+        )
+        return features, eps is not None
 
     def _pairs(self, systems: List[System]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Atom types, the half list of pairs (numbered across systems) and their vectors."""

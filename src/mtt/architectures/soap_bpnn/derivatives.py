@@ -1,0 +1,246 @@
+"""The normalised SOAP features with hand-written derivatives, for training steps only.
+
+Training on forces differentiates the forces with respect to the weights: autograd goes
+through the backward pass of the descriptor a second time, op by op. The descriptor does
+not depend on the weights, so all that second pass needs of it is a derivative along a
+direction of the positions (a JVP). :class:`SoapFeatures` gives autograd exactly that:
+
+- forward: the power spectrum of :class:`~.soap.SoapPowerSpectrum`, normalised per atom
+  as the networks' layer norms do (their scale and shift stay in the networks);
+- backward: :class:`SoapFeaturesVjp`, the pair-vector gradient, itself differentiable
+  with respect to the incoming gradient;
+- its backward: the JVP of the features along the incoming pair-vector direction.
+
+Second derivatives with respect to the positions are not provided: the derivatives this
+graph gives are those of the energy, of the forces and stress with respect to the
+weights, which is what a training step asks for. Exported models and evaluation keep the
+plain torch operations of :mod:`.soap`, whose derivatives autograd knows to any order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def harmonic_gradient_coefficients(exponents: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    """Coefficients of d/dx, d/dy and d/dz of the harmonics' polynomials on the same monomials.
+
+    ``exponents`` (monomials, 3) holds every monomial of degree 0 to L, so the derivative
+    of a monomial of degree l is one of degree l - 1 of the same list. Returns
+    (monomials, 3 x harmonics).
+    """
+    index = {tuple(e): k for k, e in enumerate(exponents.tolist())}
+    gradient = torch.zeros((3,) + coefficients.shape, dtype=coefficients.dtype)
+    for k, powers in enumerate(exponents.tolist()):
+        for axis in range(3):
+            if powers[axis] > 0:
+                lower = list(powers)
+                lower[axis] -= 1
+                gradient[axis, index[tuple(lower)]] += powers[axis] * coefficients[k]
+    return torch.cat(list(gradient), dim=1)
+
+
+@dataclass
+class _Saved:
+    """What the derivatives of one batch's features need, all without autograd history."""
+
+    descriptor: torch.nn.Module  # the SoapPowerSpectrum: constants and layout
+    n_atoms: int
+    slots: int
+    rows: torch.Tensor  # (2 pairs x L + 1,) padded slot of each directed pair and l
+    unit: torch.Tensor  # (pairs, 3)
+    inverse_distance: torch.Tensor  # (pairs, 1)
+    radial_derivative: torch.Tensor  # (pairs, (L + 1) N), d/dr
+    harmonics: torch.Tensor  # (pairs, (L + 1) W), W = 2L + 1 padded m
+    harmonics_gradient: torch.Tensor  # (pairs, 3, (L + 1) W), of the polynomials in the unit vector
+    padded_radial: torch.Tensor  # (atoms x L + 1 x types, slots, N)
+    padded_harmonics: torch.Tensor  # (atoms x L + 1 x types, slots, W)
+    blocks: torch.Tensor  # expansion, (atoms x L + 1, types x N, W)
+    normalized: torch.Tensor | None  # (atoms, features), when the features are normalised
+    inverse_std: torch.Tensor | None  # (atoms, 1)
+
+
+def _normalize_jacobian(saved: _Saved, values: torch.Tensor) -> torch.Tensor:
+    """The layer norm's Jacobian (symmetric) applied to per-atom feature rows."""
+    if saved.normalized is None:
+        return values
+    mean = values.mean(dim=1, keepdim=True)
+    projection = (values * saved.normalized).mean(dim=1, keepdim=True)
+    return (values - mean - saved.normalized * projection) * saved.inverse_std
+
+
+class SoapFeatures(torch.autograd.Function):
+    """(Normalised) power spectrum of the half-list pairs ``vectors``; see the module text."""
+
+    @staticmethod
+    def forward(ctx, vectors, descriptor, types, first, second, eps):
+        saved, features = _forward(descriptor, types, first, second, vectors.detach(), eps)
+        ctx.saved = saved
+        return features
+
+    @staticmethod
+    def backward(ctx, grad_features):
+        return SoapFeaturesVjp.apply(grad_features, ctx.saved), None, None, None, None, None
+
+
+class SoapFeaturesVjp(torch.autograd.Function):
+    """Gradient of the features with respect to the pair vectors, linear in ``grad_features``."""
+
+    @staticmethod
+    def forward(ctx, grad_features, saved):
+        ctx.saved = saved
+        return _vector_gradient(saved, grad_features)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, direction):
+        return _feature_jvp(ctx.saved, direction), None
+
+
+def _forward(descriptor, types, first, second, vectors, eps):
+    """Features of a batch and what their derivatives need."""
+    d = descriptor
+    dtype, device = vectors.dtype, vectors.device
+    n_atoms, n_types, size, n_radial = len(types), d.n_types, d.max_angular + 1, d.n_radial
+    width = 2 * d.max_angular + 1
+    n_pairs = len(first)
+
+    distances = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)
+    inverse_distance = 1.0 / distances
+    unit = vectors * inverse_distance
+    # radial part and its derivative: the cubic of each grid interval, one product for both
+    position = distances.reshape(-1) / d.spacing
+    interval = torch.clamp(position.floor().long(), 0, d.radial_cubic.shape[0] - 1)
+    t = position - interval.to(dtype)
+    ones, zeros = torch.ones_like(t), torch.zeros_like(t)
+    powers_of_t = torch.stack(
+        [ones, t, t * t, t * t * t, zeros, ones / d.spacing, 2 * t / d.spacing, 3 * t * t / d.spacing], dim=1
+    ).reshape(n_pairs, 2, 4)
+    radial_both = torch.bmm(powers_of_t, d.radial_cubic.to(dtype).index_select(0, interval))
+    radial, radial_derivative = radial_both[:, 0], radial_both[:, 1]
+    # harmonics and the gradient of their polynomials, one product for both
+    power_list = [torch.ones_like(unit)]
+    for _ in range(d.max_angular):
+        power_list.append(power_list[-1] * unit)
+    powers = torch.stack(power_list, dim=2)  # (pairs, xyz, power)
+    monomials = (
+        powers[:, 0].index_select(1, d.exponents[:, 0])
+        * powers[:, 1].index_select(1, d.exponents[:, 1])
+        * powers[:, 2].index_select(1, d.exponents[:, 2])
+    )
+    both = (monomials @ d.harmonics_and_gradient.to(dtype)).reshape(n_pairs, 4, size * width)
+    harmonics, harmonics_gradient = both[:, 0], both[:, 1:]
+
+    # padded neighbour slots of each (atom, l, neighbour type), both directions of each pair
+    species = d.type_to_index[types.long()]
+    centers = torch.cat([first, second])
+    neighbor_types = torch.cat([species[second], species[first]])
+    groups = centers * n_types + neighbor_types  # (atom, type): slots are counted per group
+    counts = torch.bincount(groups, minlength=n_atoms * n_types)
+    slots = int(counts.max()) if n_pairs > 0 else 1
+    order = torch.argsort(groups, stable=True)
+    start = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(groups)
+    slot[order] = torch.arange(len(groups), device=device) - start[groups[order]]
+    l_values = torch.arange(size, device=device)[None, :]
+    batch_index = (centers[:, None] * size + l_values) * n_types + neighbor_types[:, None]  # (atom, l, type)
+    rows = (batch_index * slots + slot[:, None]).reshape(-1)
+    n_batches = n_atoms * size * n_types
+    padded_radial = torch.zeros((n_batches * slots, n_radial), dtype=dtype, device=device)
+    padded_radial.index_copy_(0, rows, torch.cat([radial, radial]).reshape(-1, n_radial))
+    padded_radial = padded_radial.reshape(n_batches, slots, n_radial)
+    reversed_harmonics = harmonics * d.harmonic_parity.to(dtype)
+    padded_harmonics = torch.zeros((n_batches * slots, width), dtype=dtype, device=device)
+    padded_harmonics.index_copy_(0, rows, torch.cat([harmonics, reversed_harmonics]).reshape(-1, width))
+    padded_harmonics = padded_harmonics.reshape(n_batches, slots, width)
+
+    expansion = torch.bmm(padded_radial.transpose(1, 2), padded_harmonics)  # (atom, l, type), n, m
+    expansion = expansion.reshape(n_atoms, size * n_types * n_radial * width)
+    own = d.self_term.to(dtype) * d.harmonic_coefficients[0, 0].to(dtype)  # l = 0, m = 0 only
+    columns = (species * n_radial)[:, None] * width + torch.arange(n_radial, device=device) * width
+    expansion.scatter_add_(1, columns, own.expand(n_atoms, n_radial).contiguous())
+    blocks = expansion.reshape(n_atoms * size, n_types * n_radial, width)
+
+    products = torch.bmm(blocks, blocks.transpose(1, 2)).reshape(n_atoms, -1)
+    features = products.index_select(1, d.feature_positions) * d.feature_weights.to(dtype)
+    normalized = inverse_std = None
+    if eps is not None:
+        # layer norm's own kernel, which also returns 1 / std (var_mean is 7x slower on CPU)
+        features, _, inverse_std = torch.native_layer_norm(features, features.shape[1:], None, None, eps)
+        # an alias, not the output itself: ctx holding its own output would be a reference
+        # cycle that only the garbage collector frees, keeping each step's graph alive
+        normalized = features.detach()
+    saved = _Saved(
+        descriptor, n_atoms, slots, rows, unit, inverse_distance, radial_derivative, harmonics,
+        harmonics_gradient, padded_radial, padded_harmonics, blocks, normalized, inverse_std,
+    )
+    return saved, features
+
+
+def _scatter_to_products(saved: _Saved, grad_features: torch.Tensor) -> torch.Tensor:
+    """d loss / d products, (atoms x L + 1, types x N, types x N)."""
+    d = saved.descriptor
+    columns = saved.blocks.shape[1]
+    weighted = _normalize_jacobian(saved, grad_features) * d.feature_weights.to(grad_features.dtype)
+    full = torch.zeros((saved.n_atoms, saved.blocks.shape[0] // saved.n_atoms * columns * columns),
+                       dtype=grad_features.dtype, device=grad_features.device)
+    full.index_copy_(1, d.feature_positions, weighted)
+    return full.reshape(-1, columns, columns)
+
+
+def _vector_gradient(saved: _Saved, grad_features: torch.Tensor) -> torch.Tensor:
+    """d loss / d pair vectors, (pairs, 3), from d loss / d features."""
+    d = saved.descriptor
+    n_pairs = len(saved.unit)
+    size, n_types, n_radial = d.max_angular + 1, d.n_types, d.n_radial
+    width = 2 * d.max_angular + 1
+    # products = blocks blocks^T: d / d blocks = (G + G^T) blocks, the transpose left to the
+    # matrix product (adding a transposed copy first takes longer than a second product)
+    grad_products = _scatter_to_products(saved, grad_features)
+    grad_blocks = torch.baddbmm(
+        torch.bmm(grad_products, saved.blocks), grad_products.transpose(1, 2), saved.blocks
+    )
+    grad_expansion = grad_blocks.reshape(-1, n_radial, width)  # (atom, l, type), n, m
+    # back to each directed pair's slot: radial and angular parts
+    grad_radial = torch.bmm(saved.padded_harmonics, grad_expansion.transpose(1, 2))  # (batch, slot, n)
+    grad_radial = grad_radial.reshape(-1, n_radial).index_select(0, saved.rows).reshape(2, n_pairs, size * n_radial)
+    grad_harmonics = torch.bmm(saved.padded_radial, grad_expansion)  # (batch, slot, m)
+    grad_harmonics = grad_harmonics.reshape(-1, width).index_select(0, saved.rows).reshape(2, n_pairs, size * width)
+    # both directions on the half pair: the reversed vector flips odd l
+    grad_radial = grad_radial[0] + grad_radial[1]
+    grad_harmonics = grad_harmonics[0] + grad_harmonics[1] * d.harmonic_parity.to(grad_features.dtype)
+    along = (grad_radial * saved.radial_derivative).sum(dim=1, keepdim=True)
+    degree = (grad_harmonics * saved.harmonics * d.harmonic_degree.to(grad_features.dtype)).sum(dim=1, keepdim=True)
+    tangential = torch.bmm(saved.harmonics_gradient, grad_harmonics[:, :, None]).reshape(n_pairs, 3)
+    # Y(u / |u|) of degree l: d/du = (grad P(unit) - l Y unit) / |u|
+    return tangential * saved.inverse_distance + saved.unit * (along - degree * saved.inverse_distance)
+
+
+def _feature_jvp(saved: _Saved, direction: torch.Tensor) -> torch.Tensor:
+    """Change of the features, (atoms, features), along a change of the pair vectors."""
+    d = saved.descriptor
+    dtype = direction.dtype
+    size, n_types, n_radial = d.max_angular + 1, d.n_types, d.n_radial
+    width = 2 * d.max_angular + 1
+    n_batches, slots = saved.padded_radial.shape[0], saved.slots
+    along = (saved.unit * direction).sum(dim=1, keepdim=True)
+    d_radial = saved.radial_derivative * along
+    d_harmonics = torch.bmm(direction[:, None, :], saved.harmonics_gradient).reshape(len(direction), -1)
+    d_harmonics = (d_harmonics - d.harmonic_degree.to(dtype) * saved.harmonics * along) * saved.inverse_distance
+    padded_d_radial = torch.zeros((n_batches * slots, n_radial), dtype=dtype, device=direction.device)
+    padded_d_radial.index_copy_(0, saved.rows, torch.cat([d_radial, d_radial]).reshape(-1, n_radial))
+    padded_d_harmonics = torch.zeros((n_batches * slots, width), dtype=dtype, device=direction.device)
+    reversed_d_harmonics = d_harmonics * d.harmonic_parity.to(dtype)
+    padded_d_harmonics.index_copy_(0, saved.rows, torch.cat([d_harmonics, reversed_d_harmonics]).reshape(-1, width))
+    d_expansion = torch.baddbmm(
+        torch.bmm(padded_d_radial.reshape(n_batches, slots, n_radial).transpose(1, 2), saved.padded_harmonics),
+        saved.padded_radial.transpose(1, 2),
+        padded_d_harmonics.reshape(n_batches, slots, width),
+    )
+    d_blocks = d_expansion.reshape(saved.blocks.shape)
+    half = torch.bmm(d_blocks, saved.blocks.transpose(1, 2)).reshape(saved.n_atoms, -1)
+    d_features = (half.index_select(1, d.feature_positions) + half.index_select(1, d.transposed_feature_positions))
+    d_features = d_features * d.feature_weights.to(dtype)
+    return _normalize_jacobian(saved, d_features)
