@@ -14,6 +14,7 @@ import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
+from ..data.batching import FlatBatch  # noqa: F401 (annotations)
 from ..data.dataset import DatasetInfo
 
 
@@ -66,6 +67,26 @@ class Model(torch.nn.Module):
         """How far, in Å, an atom's environment reaches (declared to simulation engines)."""
         return 0.0
 
+    #: whether the trainer may give this model whole batches as flat tensors
+    #: (:meth:`per_atom_outputs_of_batch`) instead of one metatomic System per structure
+    takes_flat_batches: bool = False
+
+    def per_atom_outputs_of_batch(self, batch: "FlatBatch") -> torch.Tensor:
+        """:meth:`per_atom_outputs` of a batch given as flat tensors (types, pairs, kept data).
+
+        Optional, for training speed: a model that sets ``takes_flat_batches`` gets its
+        training and validation batches this way, and must give the same values and first
+        derivatives (with respect to the pair vectors) as :meth:`per_atom_outputs` on the
+        batch's systems; exported models always take systems.
+        """
+        raise NotImplementedError
+
+    def outputs_of_batch(self, batch: "FlatBatch") -> torch.Tensor:
+        """Per-structure outputs (structures, targets) of a flat batch, with the baseline."""
+        per_atom = self.composition(batch.types, self.per_atom_outputs_of_batch(batch))
+        totals = torch.zeros((batch.n_structures, per_atom.shape[1]), dtype=per_atom.dtype, device=per_atom.device)
+        return totals.index_add(0, batch.structure, per_atom)
+
     @torch.jit.unused
     def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
         """Data about one structure that does not depend on the weights, kept by the trainer.
@@ -73,8 +94,10 @@ class Model(torch.nn.Module):
         The trainer calls this once per training or validation structure (with its neighbour
         lists; ``derivatives`` when forces or stress are trained) and attaches the result
         to that structure's system with ``System.add_data`` at every step, within the
-        memory budget ``training.cache_memory_mb``. A model given such data must return the
-        same values and first derivatives as without it. The default keeps nothing.
+        memory budget ``training.cache_memory_mb``; flat batches get each name's block
+        values (one block, a row per atom) concatenated in ``FlatBatch.data``, when every
+        structure of the batch has them. A model given such data must return the same
+        values and first derivatives as without it. The default keeps nothing.
         """
         return {}
 

@@ -11,13 +11,14 @@ for non-default hyperparameters)::
 The suite builds the model on a few EMT structures of Cu, Au and Pt (made on the fly with
 ASE) and checks what the framework relies on: extensive, permutation- and
 rotation-invariant energies; forces and stress equal to finite differences of the energy;
-the same numbers and weight gradients in training and evaluation mode; per-atom outputs
-that add up to the total; and an export that TorchScript compiles and that gives the same
-numbers in a fresh Python process without mtt.
+the same numbers and weight gradients from flat batches as from systems, for models that
+take them; per-atom outputs that add up to the total; and an export that TorchScript
+compiles and that gives the same numbers in a fresh Python process without mtt.
 """
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -141,13 +142,14 @@ class ArchitectureTests:
 
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
-        for derivatives in (False, True):
+        for derivatives, flat in itertools.product((False, True), (False, True) if model.takes_flat_batches else (False,)):
             target = TargetInfo("energy", "energy", "eV", forces=derivatives, stress=derivatives)
             targets = DatasetInfo(info.atomic_types, {"energy": target})
             kept = PrecomputedInputs(model, derivatives, budget_mb=100)
             results = []
-            for attach in (None, kept.attach, kept.attach):  # computed, then kept, then reused
-                batch = make_batch(structures, torch.float64, torch.device("cpu"), derivatives, derivatives, attach)
+            for use in (False, True, True):  # computed, then kept, then reused
+                batch = make_batch(structures, torch.float64, torch.device("cpu"), derivatives, derivatives,
+                                   attach=kept.attach if use else None, flat=flat, keep=kept.keep if use else None)
                 predictions = predict(model, batch, targets, create_graph=derivatives)
                 loss = predictions.values["energy"].square().sum()
                 if derivatives:
@@ -161,25 +163,26 @@ class ArchitectureTests:
                 torch.testing.assert_close(predictions.stress, results[0][0].stress, rtol=1e-12, atol=1e-12)
                 torch.testing.assert_close(gradients, results[0][1], rtol=1e-10, atol=1e-12)
 
-    def test_training_mode_changes_nothing(self, model, info):
-        """A model may take a faster path in training steps: same values, forces, stress and
-        gradients of a force and stress loss with respect to the weights as in evaluation."""
+    def test_flat_batches_change_nothing(self, model, info):
+        """Flat batches (``Model.takes_flat_batches``) give the same values, forces, stress
+        and gradients of a force and stress loss with respect to the weights as systems."""
+        if not model.takes_flat_batches:
+            pytest.skip(f"{self.name} takes one System per structure")
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
         weights = [p for p in model.parameters() if p.requires_grad]
         results = []
-        for training in (False, True):
-            model.train(training)
-            batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True)
+        for flat in (False, True):
+            batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True, flat=flat)
             predictions = predict(model, batch, info, create_graph=True)
             loss = (predictions.values["energy"].square().sum() + predictions.forces["energy"].square().sum()
                     + predictions.stress["energy"].square().sum())
             gradients = torch.autograd.grad(loss, weights, allow_unused=True) if weights else []
             results.append((predictions, [g for g in gradients if g is not None]))
-        (evaluation, expected), (training, gradients) = results
-        torch.testing.assert_close(training.values, evaluation.values, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(training.forces, evaluation.forces, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(training.stress, evaluation.stress, rtol=1e-10, atol=1e-12)
+        (systems, expected), (flat, gradients) = results
+        torch.testing.assert_close(flat.values, systems.values, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(flat.forces, systems.forces, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(flat.stress, systems.stress, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(gradients, expected, rtol=1e-9, atol=1e-12)
 
     def test_per_atom_outputs_add_up(self, model, info):

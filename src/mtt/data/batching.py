@@ -1,13 +1,20 @@
-"""Turn structures into batches of metatomic systems, with neighbour lists cached.
+"""Turn structures into batches for the model, with neighbour lists cached.
 
 Neighbour lists depend only on the positions, which do not change during training, so
-they are computed once per structure. The metatomic system of each structure is built
-once too (building one with its neighbour list costs about 0.3 ms, a sixth of a small
-force-training step) and reused by every batch. When forces or stress are trained its
-positions (and a strain, for stress) are leaves that require grad, and the autograd link
-from them to the neighbour vectors is made once and kept: differentiate through a batch
-with ``torch.autograd.grad(..., retain_graph=True)`` or ``backward(inputs=weights)``,
-which leave that link in place.
+they are computed once per structure. A batch comes in one of two forms:
+
+- one metatomic ``System`` per structure, what exported models see. Each structure's
+  system is built once (building one with its neighbour list costs about 0.3 ms) and
+  reused by every batch. When forces or stress are trained its positions (and a strain,
+  for stress) are leaves that require grad, and the autograd link from them to the
+  neighbour vectors is made once and kept: differentiate through a batch with
+  ``torch.autograd.grad(..., retain_graph=True)`` or ``backward(inputs=weights)``, which
+  leave that link in place;
+- flat tensors of the whole batch (:class:`FlatBatch`), for models that take them
+  (``Model.takes_flat_batches``): the atoms' types and the pairs of every requested
+  neighbour list, numbered across the batch, with their vectors computed from the same
+  leaves in a few operations. Per-structure objects cost a sixth to a third of a
+  force-training step of small structures; these cost nothing per structure.
 """
 
 from __future__ import annotations
@@ -35,16 +42,51 @@ def compute_neighbor_lists(structures: list[Structure], requests: list[NeighborL
 
 
 @dataclass
+class PairList:
+    """One neighbour list of a whole batch: atoms numbered across the batch."""
+
+    first: torch.Tensor  # (pairs,) int64
+    second: torch.Tensor  # (pairs,) int64
+    vectors: torch.Tensor  # (pairs, 3), from first to second, differentiable w.r.t. the leaves
+
+
+@dataclass
+class FlatBatch:
+    """A batch as flat tensors, for models that take them (``Model.per_atom_outputs_of_batch``)."""
+
+    types: torch.Tensor  # (atoms,) atomic numbers, structure by structure
+    positions: torch.Tensor  # (atoms, 3), from the leaves, strained as the systems' are
+    structure: torch.Tensor  # (atoms,) the index of each atom's structure in the batch
+    n_structures: int
+    pairs: list[PairList]  # one per neighbour list the model requested, in its order
+    data: dict[str, torch.Tensor] = field(default_factory=dict)  # kept per-atom inputs, concatenated
+
+
+@dataclass
 class Batch:
     """Several structures ready for the model, and their reference values."""
 
-    systems: list[System]
+    systems: list[System] | None  # one per structure, unless the batch is flat
+    flat: FlatBatch | None
     positions: list[torch.Tensor]  # the leaves forces are taken against
     strains: list[torch.Tensor] | None  # a (3, 3) displacement per system for stress, or None
+    volumes: torch.Tensor  # (n_systems,) cell volumes, for stress
     n_atoms: torch.Tensor  # (n_systems,)
     values: dict[str, torch.Tensor]  # name -> (n_systems,)
     forces: dict[str, torch.Tensor]  # name -> (n_atoms_total, 3)
     stress: dict[str, torch.Tensor]  # name -> (n_systems, 3, 3)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
+@dataclass
+class _Pairs:
+    """A structure's neighbour list as flat tensors: local atom numbers and cell shifts."""
+
+    first: torch.Tensor
+    second: torch.Tensor
+    shifts: torch.Tensor  # (pairs, 3) cell-shift vectors: vector = r[second] - r[first] + shift
 
 
 @dataclass
@@ -55,12 +97,16 @@ class _Prepared:
     positions: torch.Tensor
     cell: torch.Tensor
     pbc: torch.Tensor
+    volume: torch.Tensor
     neighbors: list[tuple[NeighborListOptions, TensorBlock]]
+    pairs: list[_Pairs]
     values: dict[str, torch.Tensor]
     forces: dict[str, torch.Tensor]
     stress: dict[str, torch.Tensor]
-    # (forces or stress, stress) -> the system, its positions leaf and its strain leaf
-    systems: dict[tuple[bool, bool], tuple[System, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    # (forces or stress, stress) -> the positions leaf and the strain leaf
+    leaves: dict[tuple[bool, bool], tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    # (forces or stress, stress) -> the system
+    systems: dict[tuple[bool, bool], System] = field(default_factory=dict)
 
 
 def _prepared(structure: Structure, dtype: torch.dtype, device: torch.device) -> _Prepared:
@@ -68,23 +114,31 @@ def _prepared(structure: Structure, dtype: torch.dtype, device: torch.device) ->
     key = (dtype, str(device), id(structure.neighbors))  # new neighbour lists, new tensors
     if key not in cache:
         cache.clear()  # one training dtype and device at a time
+        cell = structure.cell.to(device=device, dtype=dtype)
+        neighbors = [
+            (
+                options,
+                TensorBlock(
+                    block.values.to(device=device, dtype=dtype),
+                    block.samples.to(device),
+                    [c.to(device) for c in block.components],
+                    block.properties.to(device),
+                ),
+            )
+            for options, block in structure.neighbors
+        ]
+        pairs = []
+        for _, block in neighbors:
+            samples = block.samples.values
+            pairs.append(_Pairs(samples[:, 0].long(), samples[:, 1].long(), samples[:, 2:5].to(dtype) @ cell))
         cache[key] = _Prepared(
             types=structure.types.to(device),
             positions=structure.positions.to(device=device, dtype=dtype),
-            cell=structure.cell.to(device=device, dtype=dtype),
+            cell=cell,
             pbc=structure.pbc.to(device),
-            neighbors=[
-                (
-                    options,
-                    TensorBlock(
-                        block.values.to(device=device, dtype=dtype),
-                        block.samples.to(device),
-                        [c.to(device) for c in block.components],
-                        block.properties.to(device),
-                    ),
-                )
-                for options, block in structure.neighbors
-            ],
+            volume=torch.abs(torch.det(cell)),
+            neighbors=neighbors,
+            pairs=pairs,
             values={n: v.to(device=device, dtype=dtype) for n, v in structure.values.items()},
             forces={n: v.to(device=device, dtype=dtype) for n, v in structure.forces.items()},
             stress={n: v.to(device=device, dtype=dtype) for n, v in structure.stress.items()},
@@ -92,19 +146,29 @@ def _prepared(structure: Structure, dtype: torch.dtype, device: torch.device) ->
     return cache[key]
 
 
-def _system(structure: _Prepared, derivatives: bool, stress: bool) -> tuple[System, torch.Tensor, torch.Tensor | None]:
-    """The structure's system for this kind of batch, its positions leaf and strain leaf."""
+def _leaves(structure: _Prepared, derivatives: bool, stress: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The structure's positions (a leaf that requires grad for derivatives) and strain leaf."""
+    key = (derivatives or stress, stress)
+    if key not in structure.leaves:
+        positions = structure.positions
+        if key[0]:
+            positions = positions.detach().requires_grad_(True)
+        strain = None
+        if stress:
+            strain = torch.zeros((3, 3), dtype=positions.dtype, device=positions.device, requires_grad=True)
+        structure.leaves[key] = (positions, strain)
+    return structure.leaves[key]
+
+
+def _system(structure: _Prepared, derivatives: bool, stress: bool) -> System:
+    """The structure's system for this kind of batch, built on its leaves."""
     key = (derivatives or stress, stress)
     if key not in structure.systems:
-        positions, cell, strain = structure.positions, structure.cell, None
-        leaf = positions
-        if key[0]:
-            leaf = positions.detach().requires_grad_(True)
-            positions = leaf
-        if stress:
-            strain = torch.zeros((3, 3), dtype=cell.dtype, device=cell.device, requires_grad=True)
+        positions, strain = _leaves(structure, derivatives, stress)
+        cell = structure.cell
+        if strain is not None:
             deformation = torch.eye(3, dtype=cell.dtype, device=cell.device) + strain
-            positions = leaf @ deformation
+            positions = positions @ deformation
             cell = cell @ deformation
         system = System(structure.types, positions, cell, structure.pbc)
         for options, block in structure.neighbors:
@@ -112,8 +176,45 @@ def _system(structure: _Prepared, derivatives: bool, stress: bool) -> tuple[Syst
                 block = TensorBlock(block.values.detach(), block.samples, block.components, block.properties)
                 register_autograd_neighbors(system, block)
             system.add_neighbor_list(options, block)
-        structure.systems[key] = (system, leaf, strain)
+        structure.systems[key] = system
     return structure.systems[key]
+
+
+def plain_system(structure: Structure, dtype: torch.dtype, device: torch.device) -> System:
+    """A new system of ``structure`` with its neighbour lists, outside any autograd graph."""
+    prepared = _prepared(structure, dtype, device)
+    system = System(prepared.types, prepared.positions, prepared.cell, prepared.pbc)
+    for options, block in prepared.neighbors:
+        system.add_neighbor_list(options, block)
+    return system
+
+
+def _flat_batch(
+    prepared: list[_Prepared], leaves: list[torch.Tensor], strains: list[torch.Tensor | None]
+) -> FlatBatch:
+    """The batch's atoms and pairs as flat tensors; vectors follow the positions and strains."""
+    device = leaves[0].device
+    n_atoms = torch.tensor([len(s.types) for s in prepared], device=device)
+    structure = torch.repeat_interleave(torch.arange(len(prepared), device=device), n_atoms)
+    first_atom = torch.cumsum(n_atoms, 0) - n_atoms
+    positions = torch.cat(leaves)
+    strained = positions
+    if strains[0] is not None:
+        strained = positions + torch.bmm(positions[:, None, :], torch.stack(strains).index_select(0, structure))[:, 0]
+    pair_lists = []
+    for k in range(len(prepared[0].pairs)):
+        parts = [s.pairs[k] for s in prepared]
+        counts = torch.tensor([len(p.first) for p in parts], device=device)
+        offsets = torch.repeat_interleave(first_atom, counts)
+        first = torch.cat([p.first for p in parts]) + offsets
+        second = torch.cat([p.second for p in parts]) + offsets
+        vectors = positions.index_select(0, second) - positions.index_select(0, first) + torch.cat([p.shifts for p in parts])
+        if strains[0] is not None:  # a structure's strain deforms its vectors as its cell
+            owner = torch.repeat_interleave(torch.arange(len(prepared), device=device), counts)
+            vectors = vectors + torch.bmm(vectors[:, None, :], torch.stack(strains).index_select(0, owner))[:, 0]
+        pair_lists.append(PairList(first, second, vectors))
+    types = torch.cat([s.types for s in prepared])
+    return FlatBatch(types, strained, structure, len(prepared), pair_lists)
 
 
 def make_batch(
@@ -123,25 +224,36 @@ def make_batch(
     forces: bool,
     stress: bool,
     attach: Callable[[Structure, System], None] | None = None,
+    flat: bool = False,
+    keep: Callable[[list[Structure], FlatBatch, Callable[[Structure], System]], None] | None = None,
 ) -> Batch:
-    """The systems of a batch; positions (and strains) are leaves that require grad when needed.
+    """A batch of ``structures``; positions (and strains) are leaves that require grad when needed.
 
-    ``attach`` may add data to each structure's system (the trainer's precomputed inputs).
+    With ``flat`` the batch holds a :class:`FlatBatch` instead of systems. ``attach`` may
+    add data to each structure's system, ``keep`` to a flat batch (the trainer's kept
+    inputs; it gets a function that makes a structure's system, for computing them).
     """
     prepared = [_prepared(structure, dtype, device) for structure in structures]
-    systems, leaves, strains = [], [], []
-    for structure, prepared_structure in zip(structures, prepared):
-        system, leaf, strain = _system(prepared_structure, forces, stress)
-        if attach is not None:
-            attach(structure, system)
-        systems.append(system)
-        leaves.append(leaf)
-        strains.append(strain)
+    leaves, strains = zip(*(_leaves(s, forces, stress) for s in prepared))
+    systems = flat_batch = None
+    if flat:
+        flat_batch = _flat_batch(prepared, list(leaves), list(strains))
+        if keep is not None:
+            keep(structures, flat_batch, lambda structure: plain_system(structure, dtype, device))
+    else:
+        systems = []
+        for structure, prepared_structure in zip(structures, prepared):
+            system = _system(prepared_structure, forces, stress)
+            if attach is not None:
+                attach(structure, system)
+            systems.append(system)
 
     return Batch(
         systems=systems,
-        positions=leaves,
-        strains=strains if stress else None,
+        flat=flat_batch,
+        positions=list(leaves),
+        strains=list(strains) if stress else None,
+        volumes=torch.stack([s.volume for s in prepared]),
         n_atoms=torch.tensor([len(s.types) for s in prepared], device=device),
         values={n: torch.cat([s.values[n].reshape(-1) for s in prepared]) for n in prepared[0].values},
         forces={n: torch.cat([s.forces[n] for s in prepared]) for n in prepared[0].forces},

@@ -115,8 +115,8 @@ class Metrics:
                     [error.pow(2).sum(), error.abs().sum(), torch.tensor(float(error.numel()))]
                 )
         if loss is not None:
-            self.loss_sum += loss * len(batch.systems)
-            self.loss_count += len(batch.systems)
+            self.loss_sum += loss * len(batch)
+            self.loss_count += len(batch)
 
     def as_tensor(self) -> torch.Tensor:
         """All sums in one tensor, so distributed runs can reduce them in one call."""

@@ -31,11 +31,16 @@ class Predictions:
 
 def predict(model, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predictions:
     """Run ``model`` on a batch; ``create_graph`` keeps derivatives differentiable (training)."""
-    requested = {name: ModelOutput(sample_kind="system") for name in model.output_names}
-    results = model(batch.systems, requested)
+    if batch.flat is not None:
+        outputs = model.outputs_of_batch(batch.flat)
+        per_structure = {name: outputs[:, i] for i, name in enumerate(model.output_names)}
+    else:
+        requested = {name: ModelOutput(sample_kind="system") for name in model.output_names}
+        results = model(batch.systems, requested)
+        per_structure = {name: results[name].block().values.reshape(-1) for name in model.output_names}
     values, forces, stress = {}, {}, {}
     for target, name in zip(info.targets.values(), model.output_names):
-        values[target.name] = results[name].block().values.reshape(-1)
+        values[target.name] = per_structure[name]
         if not (target.forces or target.stress):
             continue
         inputs = list(batch.positions)
@@ -48,6 +53,5 @@ def predict(model, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predi
         if target.forces:
             forces[target.name] = -torch.cat(grads[: len(batch.positions)])
         if target.stress:
-            volumes = torch.stack([torch.abs(torch.det(s.cell.detach())) for s in batch.systems])
-            stress[target.name] = torch.stack(grads[len(batch.positions) :]) / volumes[:, None, None]
+            stress[target.name] = torch.stack(grads[len(batch.positions) :]) / batch.volumes[:, None, None]
     return Predictions(values, forces, stress)

@@ -95,8 +95,14 @@ class Trainer:
 
     # -- pieces of the loop --------------------------------------------------------------
     def batch(self, structures: list[Structure]):
-        attach = self.precomputed.attach if self.precomputed is not None else None
-        return make_batch(structures, self.dtype, self.device, self.needs_forces, self.needs_stress, attach)
+        """Flat batches for models that take them (faster), else one system per structure."""
+        kept = self.precomputed
+        return make_batch(
+            structures, self.dtype, self.device, self.needs_forces, self.needs_stress,
+            attach=kept.attach if kept is not None else None,
+            flat=self.architecture.model_class.takes_flat_batches,
+            keep=kept.keep if kept is not None else None,
+        )
 
     def global_batches(self, n_structures: int, epoch: int) -> list[list[int]]:
         """The shuffled batches of an epoch, the same on every rank and for any rank count."""

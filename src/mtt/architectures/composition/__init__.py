@@ -11,6 +11,7 @@ from typing import List
 import torch
 from metatomic.torch import System
 
+from ...data.batching import FlatBatch
 from ..base import Model
 
 
@@ -31,6 +32,12 @@ class CompositionModel(Model):
         # zero, but still a function of the positions so forces (all zero) exist
         zero = torch.cat([s.positions.sum(dim=1) for s in systems]) * 0.0
         return zero[:, None].expand(n_atoms, len(self.output_names)).to(dtype)
+
+    takes_flat_batches = True
+
+    def per_atom_outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
+        zero = batch.positions.sum(dim=1) * 0.0
+        return zero[:, None].expand(len(zero), len(self.output_names))
 
 
 __model__ = CompositionModel

@@ -12,9 +12,10 @@ direction of the positions (a JVP). :class:`SoapFeatures` gives autograd exactly
 - its backward: the JVP of the features along the incoming pair-vector direction.
 
 Second derivatives with respect to the positions are not provided: the derivatives this
-graph gives are those of the energy, of the forces and stress with respect to the
-weights, which is what a training step asks for. Exported models and evaluation keep the
-plain torch operations of :mod:`.soap`, whose derivatives autograd knows to any order.
+graph gives are those of the energy, and of the forces and stress with respect to the
+weights, which is what training and validation ask for (flat batches). Exported models
+keep the plain torch operations of :mod:`.soap`, whose derivatives autograd knows to any
+order.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ import torch
 from metatensor.torch import TensorMap
 from metatomic.torch import NeighborListOptions, System
 
+from ...data.batching import FlatBatch
 from ..base import Model
+from .derivatives import SoapFeatures
 from .hypers import SoapBpnnHypers
 from .soap import SoapPowerSpectrum
 
@@ -48,8 +50,6 @@ class SoapBpnn(Model):
         )
 
     def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
-        if self.training and not torch.jit.is_scripting():
-            return self._training_outputs(systems)
         features = self.soap(systems)
         types = torch.cat([s.types for s in systems])
         result = torch.zeros((len(types), len(self.output_names)), dtype=features.dtype, device=features.device)
@@ -59,21 +59,33 @@ class SoapBpnn(Model):
                 result = result.index_add(0, atoms, network(features.index_select(0, atoms)))
         return result
 
-    @torch.jit.unused
-    def _training_outputs(self, systems: List[System]) -> torch.Tensor:
-        """:meth:`per_atom_outputs` in a training step: the same numbers, faster derivatives.
+    takes_flat_batches = True
+
+    def per_atom_outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
+        """:meth:`per_atom_outputs` of a flat batch: the same numbers, faster derivatives.
 
         The descriptor gives the atoms element by element, so that each network takes a
         slice of it. Unless the features were kept (no derivatives), the layer norms'
         normalisation, the same for every element, is done once, with the descriptor,
-        whose derivatives are hand-written; each network keeps its scale and shift.
+        whose derivatives are hand-written (:mod:`.derivatives`); each network keeps its
+        scale and shift.
         """
-        eps = self.networks[0][0].eps if self.layernorm else None
-        types = torch.cat([s.types for s in systems])
-        species = self.soap.type_to_index[types.long()]
+        species = self.soap.type_to_index[batch.types.long()]
         order = torch.argsort(species, stable=True)
         counts = torch.bincount(species, minlength=len(self.atomic_types)).tolist()
-        features, normalized = self.soap.training_features(systems, eps, order)
+        position = torch.empty_like(order)
+        position[order] = torch.arange(len(order), device=order.device)
+        kept = batch.data.get("mtt::soap_features")
+        if kept is not None:
+            features, normalized = kept.index_select(0, order), False
+        else:
+            pairs = batch.pairs[0]
+            eps = self.networks[0][0].eps if self.layernorm else None
+            features = SoapFeatures.apply(
+                pairs.vectors, self.soap, batch.types.index_select(0, order),
+                position[pairs.first], position[pairs.second], eps,
+            )
+            normalized = self.layernorm
         outputs = []
         for inputs, network in zip(features.split(counts), self.networks):
             if len(inputs) > 0:  # this element is in the batch
@@ -81,8 +93,6 @@ class SoapBpnn(Model):
                     inputs = inputs * network[0].weight + network[0].bias
                     network = network[1:]
                 outputs.append(network(inputs))
-        position = torch.empty_like(order)
-        position[order] = torch.arange(len(order), device=order.device)
         return torch.cat(outputs).index_select(0, position)
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:

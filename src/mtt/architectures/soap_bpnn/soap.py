@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import NeighborListOptions, System
 
-from .derivatives import SoapFeatures, harmonic_gradient_coefficients
+from .derivatives import harmonic_gradient_coefficients
 
 # Grid spacing of the radial table, in Å; the cubic Hermite spline with exact derivatives
 # then agrees with featomic's own splines to about 1e-9 (tested against featomic).
@@ -249,28 +249,6 @@ class SoapPowerSpectrum(torch.nn.Module):
             return torch.cat([system.get_data("mtt::soap_features").block().values for system in systems])
         types, first, second, vectors = self._pairs(systems)
         return self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
-
-    @torch.jit.unused
-    def training_features(
-        self, systems: List[System], eps: Optional[float], order: torch.Tensor
-    ) -> Tuple[torch.Tensor, bool]:
-        """The features of the atoms ``order`` picks, for a training step, and whether they
-        are normalised per atom (a layer norm without scale and shift, when ``eps`` is given).
-
-        Features that :meth:`precompute` kept come as they are. Others are computed with
-        hand-written derivatives (:mod:`.derivatives`), normalised: those serve forces,
-        stress and their gradients with respect to the weights, not second derivatives
-        with respect to the positions.
-        """
-        if all("mtt::soap_features" in system.known_data() for system in systems):
-            return self.forward(systems).index_select(0, order), False
-        types, first, second, vectors = self._pairs(systems)
-        position = torch.empty_like(order)
-        position[order] = torch.arange(len(order), device=order.device)
-        features = SoapFeatures.apply(
-            vectors, self, types.index_select(0, order), position[first], position[second], eps
-        )
-        return features, eps is not None
 
     def _pairs(self, systems: List[System]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Atom types, the half list of pairs (numbered across systems) and their vectors."""
