@@ -68,8 +68,12 @@ class Batch:
 
     systems: list[System] | None  # one per structure, unless the batch is flat
     flat: FlatBatch | None
-    positions: list[torch.Tensor]  # the leaves forces are taken against
-    strains: list[torch.Tensor] | None  # a (3, 3) displacement per system for stress, or None
+    # the leaves forces are taken against: concatenated, all atoms' positions (one per
+    # structure, or one for a flat batch)
+    positions: list[torch.Tensor]
+    # the leaves stress is taken against, for stress: concatenated, (n_systems, 3, 3)
+    # displacements (a (3, 3) per structure, or one for a flat batch)
+    strains: list[torch.Tensor] | None
     volumes: torch.Tensor  # (n_systems,) cell volumes, for stress
     n_atoms: torch.Tensor  # (n_systems,)
     values: dict[str, torch.Tensor]  # name -> (n_systems,)
@@ -77,7 +81,7 @@ class Batch:
     stress: dict[str, torch.Tensor]  # name -> (n_systems, 3, 3)
 
     def __len__(self) -> int:
-        return len(self.positions)
+        return len(self.n_atoms)
 
 
 @dataclass
@@ -190,17 +194,21 @@ def plain_system(structure: Structure, dtype: torch.dtype, device: torch.device)
 
 
 def _flat_batch(
-    prepared: list[_Prepared], leaves: list[torch.Tensor], strains: list[torch.Tensor | None]
-) -> FlatBatch:
-    """The batch's atoms and pairs as flat tensors; vectors follow the positions and strains."""
-    device = leaves[0].device
+    prepared: list[_Prepared], derivatives: bool, stress: bool
+) -> tuple[FlatBatch, torch.Tensor, torch.Tensor | None]:
+    """The batch's atoms and pairs as flat tensors, with one positions leaf for all atoms
+    and one strain leaf (structures, 3, 3); the pair vectors follow both."""
+    positions = torch.cat([s.positions for s in prepared])
+    device, dtype = positions.device, positions.dtype
+    if derivatives or stress:
+        positions.requires_grad_(True)
+    strain = torch.zeros((len(prepared), 3, 3), dtype=dtype, device=device, requires_grad=True) if stress else None
     n_atoms = torch.tensor([len(s.types) for s in prepared], device=device)
     structure = torch.repeat_interleave(torch.arange(len(prepared), device=device), n_atoms)
     first_atom = torch.cumsum(n_atoms, 0) - n_atoms
-    positions = torch.cat(leaves)
     strained = positions
-    if strains[0] is not None:
-        strained = positions + torch.bmm(positions[:, None, :], torch.stack(strains).index_select(0, structure))[:, 0]
+    if strain is not None:  # a structure's strain deforms its atoms and pair vectors as its cell
+        strained = positions + torch.bmm(positions[:, None, :], strain.index_select(0, structure))[:, 0]
     pair_lists = []
     for k in range(len(prepared[0].pairs)):
         parts = [s.pairs[k] for s in prepared]
@@ -209,12 +217,12 @@ def _flat_batch(
         first = torch.cat([p.first for p in parts]) + offsets
         second = torch.cat([p.second for p in parts]) + offsets
         vectors = positions.index_select(0, second) - positions.index_select(0, first) + torch.cat([p.shifts for p in parts])
-        if strains[0] is not None:  # a structure's strain deforms its vectors as its cell
+        if strain is not None:
             owner = torch.repeat_interleave(torch.arange(len(prepared), device=device), counts)
-            vectors = vectors + torch.bmm(vectors[:, None, :], torch.stack(strains).index_select(0, owner))[:, 0]
+            vectors = vectors + torch.bmm(vectors[:, None, :], strain.index_select(0, owner))[:, 0]
         pair_lists.append(PairList(first, second, vectors))
     types = torch.cat([s.types for s in prepared])
-    return FlatBatch(types, strained, structure, len(prepared), pair_lists)
+    return FlatBatch(types, strained, structure, len(prepared), pair_lists), positions, strain
 
 
 def make_batch(
@@ -229,18 +237,20 @@ def make_batch(
 ) -> Batch:
     """A batch of ``structures``; positions (and strains) are leaves that require grad when needed.
 
-    With ``flat`` the batch holds a :class:`FlatBatch` instead of systems. ``attach`` may
-    add data to each structure's system, ``keep`` to a flat batch (the trainer's kept
-    inputs; it gets a function that makes a structure's system, for computing them).
+    With ``flat`` the batch holds a :class:`FlatBatch` instead of systems, and one leaf for
+    all positions (and one for all strains). ``attach`` may add data to each structure's
+    system, ``keep`` to a flat batch (the trainer's kept inputs; it gets a function that
+    makes a structure's system, for computing them).
     """
     prepared = [_prepared(structure, dtype, device) for structure in structures]
-    leaves, strains = zip(*(_leaves(s, forces, stress) for s in prepared))
     systems = flat_batch = None
     if flat:
-        flat_batch = _flat_batch(prepared, list(leaves), list(strains))
+        flat_batch, positions, strain = _flat_batch(prepared, forces, stress)
+        leaves, strains = [positions], [strain]
         if keep is not None:
             keep(structures, flat_batch, lambda structure: plain_system(structure, dtype, device))
     else:
+        leaves, strains = (list(part) for part in zip(*(_leaves(s, forces, stress) for s in prepared)))
         systems = []
         for structure, prepared_structure in zip(structures, prepared):
             system = _system(prepared_structure, forces, stress)
@@ -251,8 +261,8 @@ def make_batch(
     return Batch(
         systems=systems,
         flat=flat_batch,
-        positions=list(leaves),
-        strains=list(strains) if stress else None,
+        positions=leaves,
+        strains=strains if stress else None,
         volumes=torch.stack([s.volume for s in prepared]),
         n_atoms=torch.tensor([len(s.types) for s in prepared], device=device),
         values={n: torch.cat([s.values[n].reshape(-1) for s in prepared]) for n in prepared[0].values},

@@ -31,6 +31,7 @@ class PrecomputedInputs:
         self.full = budget_mb <= 0
         self.kept: dict[int, dict[str, TensorMap]] = {}
         self.given: dict[int, System] = {}  # structure -> the (reused) system that has its data
+        self.rows: dict[int, dict[str, torch.Tensor]] = {}  # structure -> its data's block values
 
     def _data(self, structure: Structure, system: System) -> dict[str, TensorMap] | None:
         """The structure's kept data, computed from ``system`` the first time, if it fits."""
@@ -70,10 +71,14 @@ class PrecomputedInputs:
         """
         data = []
         for structure in structures:
-            kept = self.kept.get(id(structure))
-            if kept is None and not self.full:
-                kept = self._data(structure, system_of(structure))
-            data.append(kept)
-        if all(d is not None for d in data):
-            for name in data[0]:
-                batch.data[name] = torch.cat([d[name].block().values for d in data])
+            rows = self.rows.get(id(structure))
+            if rows is None:
+                kept = self.kept.get(id(structure))
+                if kept is None and not self.full:
+                    kept = self._data(structure, system_of(structure))
+                if kept is None:
+                    return
+                rows = self.rows[id(structure)] = {name: tensor.block().values for name, tensor in kept.items()}
+            data.append(rows)
+        for name in data[0] if data else []:
+            batch.data[name] = torch.cat([rows[name] for rows in data])

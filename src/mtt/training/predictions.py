@@ -53,5 +53,6 @@ def predict(model, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predi
         if target.forces:
             forces[target.name] = -torch.cat(grads[: len(batch.positions)])
         if target.stress:
-            stress[target.name] = torch.stack(grads[len(batch.positions) :]) / batch.volumes[:, None, None]
+            strains = [g.reshape(-1, 3, 3) for g in grads[len(batch.positions) :]]
+            stress[target.name] = torch.cat(strains) / batch.volumes[:, None, None]
     return Predictions(values, forces, stress)
