@@ -71,6 +71,19 @@ class Model(torch.nn.Module):
     #: (:meth:`per_atom_outputs_of_batch`) instead of one metatomic System per structure
     takes_flat_batches: bool = False
 
+    @classmethod
+    def uses_flat_batches(cls) -> bool:
+        """``takes_flat_batches``, unless a subclass overrides :meth:`per_atom_outputs`
+        and not :meth:`per_atom_outputs_of_batch`: training must run the subclass's code."""
+        if not cls.takes_flat_batches:
+            return False
+        for klass in cls.__mro__:
+            if "per_atom_outputs_of_batch" in vars(klass):
+                return True
+            if "per_atom_outputs" in vars(klass):
+                return False
+        return False
+
     def per_atom_outputs_of_batch(self, batch: "FlatBatch") -> torch.Tensor:
         """:meth:`per_atom_outputs` of a batch given as flat tensors (types, pairs, kept data).
 

@@ -142,7 +142,7 @@ class ArchitectureTests:
 
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
-        for derivatives, flat in itertools.product((False, True), (False, True) if model.takes_flat_batches else (False,)):
+        for derivatives, flat in itertools.product((False, True), (False, True) if model.uses_flat_batches() else (False,)):
             target = TargetInfo("energy", "energy", "eV", forces=derivatives, stress=derivatives)
             targets = DatasetInfo(info.atomic_types, {"energy": target})
             kept = PrecomputedInputs(model, derivatives, budget_mb=100)
@@ -166,7 +166,7 @@ class ArchitectureTests:
     def test_flat_batches_change_nothing(self, model, info):
         """Flat batches (``Model.takes_flat_batches``) give the same values, forces, stress
         and gradients of a force and stress loss with respect to the weights as systems."""
-        if not model.takes_flat_batches:
+        if not model.uses_flat_batches():
             pytest.skip(f"{self.name} takes one System per structure")
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())

@@ -100,7 +100,7 @@ class Trainer:
         return make_batch(
             structures, self.dtype, self.device, self.needs_forces, self.needs_stress,
             attach=kept.attach if kept is not None else None,
-            flat=self.architecture.model_class.takes_flat_batches,
+            flat=self.architecture.model_class.uses_flat_batches(),
             keep=kept.keep if kept is not None else None,
         )
 
