@@ -19,6 +19,7 @@ they are computed once per structure. A batch comes in one of two forms:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -51,15 +52,55 @@ class PairList:
 
 
 @dataclass
+class _Pairs:
+    """A structure's neighbour list as flat tensors: local atom numbers and cell shifts."""
+
+    first: torch.Tensor
+    second: torch.Tensor
+    shifts: torch.Tensor  # (pairs, 3) cell-shift vectors: vector = r[second] - r[first] + shift
+
+
+@dataclass
 class FlatBatch:
-    """A batch as flat tensors, for models that take them (``Model.per_atom_outputs_of_batch``)."""
+    """A batch as flat tensors, for models that take them (``Model.per_atom_outputs_of_batch``).
+
+    ``positions`` (strained as the systems' positions are) and ``pairs`` (one
+    :class:`PairList` per neighbour list the model requested, in its order) are made when
+    first read, so a model that finds what it needs in ``data`` costs nothing for them.
+    """
 
     types: torch.Tensor  # (atoms,) atomic numbers, structure by structure
-    positions: torch.Tensor  # (atoms, 3), from the leaves, strained as the systems' are
     structure: torch.Tensor  # (atoms,) the index of each atom's structure in the batch
     n_structures: int
-    pairs: list[PairList]  # one per neighbour list the model requested, in its order
+    leaf: torch.Tensor  # (atoms, 3) the positions that forces are taken against
+    strain: torch.Tensor | None  # (structures, 3, 3) the displacements that stress is taken against
+    neighbors: list[list[_Pairs]]  # per requested neighbour list, each structure's pairs
     data: dict[str, torch.Tensor] = field(default_factory=dict)  # kept per-atom inputs, concatenated
+
+    @functools.cached_property
+    def positions(self) -> torch.Tensor:
+        if self.strain is None:
+            return self.leaf
+        return self.leaf + torch.bmm(self.leaf[:, None, :], self.strain.index_select(0, self.structure))[:, 0]
+
+    @functools.cached_property
+    def pairs(self) -> list[PairList]:
+        device = self.leaf.device
+        n_atoms = torch.bincount(self.structure, minlength=self.n_structures)
+        first_atom = torch.cumsum(n_atoms, 0) - n_atoms
+        pair_lists = []
+        for parts in self.neighbors:
+            counts = torch.tensor([len(p.first) for p in parts], device=device)
+            offsets = torch.repeat_interleave(first_atom, counts)
+            first = torch.cat([p.first for p in parts]) + offsets
+            second = torch.cat([p.second for p in parts]) + offsets
+            shifts = torch.cat([p.shifts for p in parts])
+            vectors = self.leaf.index_select(0, second) - self.leaf.index_select(0, first) + shifts
+            if self.strain is not None:  # a structure's strain deforms its vectors as its cell
+                owner = torch.repeat_interleave(torch.arange(self.n_structures, device=device), counts)
+                vectors = vectors + torch.bmm(vectors[:, None, :], self.strain.index_select(0, owner))[:, 0]
+            pair_lists.append(PairList(first, second, vectors))
+        return pair_lists
 
 
 @dataclass
@@ -82,15 +123,6 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.n_atoms)
-
-
-@dataclass
-class _Pairs:
-    """A structure's neighbour list as flat tensors: local atom numbers and cell shifts."""
-
-    first: torch.Tensor
-    second: torch.Tensor
-    shifts: torch.Tensor  # (pairs, 3) cell-shift vectors: vector = r[second] - r[first] + shift
 
 
 @dataclass
@@ -193,11 +225,8 @@ def plain_system(structure: Structure, dtype: torch.dtype, device: torch.device)
     return system
 
 
-def _flat_batch(
-    prepared: list[_Prepared], derivatives: bool, stress: bool
-) -> tuple[FlatBatch, torch.Tensor, torch.Tensor | None]:
-    """The batch's atoms and pairs as flat tensors, with one positions leaf for all atoms
-    and one strain leaf (structures, 3, 3); the pair vectors follow both."""
+def _flat_batch(prepared: list[_Prepared], derivatives: bool, stress: bool) -> FlatBatch:
+    """The batch as flat tensors, with one positions leaf for all atoms and one strain leaf."""
     positions = torch.cat([s.positions for s in prepared])
     device, dtype = positions.device, positions.dtype
     if derivatives or stress:
@@ -205,24 +234,9 @@ def _flat_batch(
     strain = torch.zeros((len(prepared), 3, 3), dtype=dtype, device=device, requires_grad=True) if stress else None
     n_atoms = torch.tensor([len(s.types) for s in prepared], device=device)
     structure = torch.repeat_interleave(torch.arange(len(prepared), device=device), n_atoms)
-    first_atom = torch.cumsum(n_atoms, 0) - n_atoms
-    strained = positions
-    if strain is not None:  # a structure's strain deforms its atoms and pair vectors as its cell
-        strained = positions + torch.bmm(positions[:, None, :], strain.index_select(0, structure))[:, 0]
-    pair_lists = []
-    for k in range(len(prepared[0].pairs)):
-        parts = [s.pairs[k] for s in prepared]
-        counts = torch.tensor([len(p.first) for p in parts], device=device)
-        offsets = torch.repeat_interleave(first_atom, counts)
-        first = torch.cat([p.first for p in parts]) + offsets
-        second = torch.cat([p.second for p in parts]) + offsets
-        vectors = positions.index_select(0, second) - positions.index_select(0, first) + torch.cat([p.shifts for p in parts])
-        if strain is not None:
-            owner = torch.repeat_interleave(torch.arange(len(prepared), device=device), counts)
-            vectors = vectors + torch.bmm(vectors[:, None, :], strain.index_select(0, owner))[:, 0]
-        pair_lists.append(PairList(first, second, vectors))
+    neighbors = [[s.pairs[k] for s in prepared] for k in range(len(prepared[0].pairs))]
     types = torch.cat([s.types for s in prepared])
-    return FlatBatch(types, strained, structure, len(prepared), pair_lists), positions, strain
+    return FlatBatch(types, structure, len(prepared), positions, strain, neighbors)
 
 
 def make_batch(
@@ -245,8 +259,8 @@ def make_batch(
     prepared = [_prepared(structure, dtype, device) for structure in structures]
     systems = flat_batch = None
     if flat:
-        flat_batch, positions, strain = _flat_batch(prepared, forces, stress)
-        leaves, strains = [positions], [strain]
+        flat_batch = _flat_batch(prepared, forces, stress)
+        leaves, strains = [flat_batch.leaf], [flat_batch.strain]
         if keep is not None:
             keep(structures, flat_batch, lambda structure: plain_system(structure, dtype, device))
     else:

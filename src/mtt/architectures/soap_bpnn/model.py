@@ -29,6 +29,14 @@ def _element_network(n_in: int, n_out: int, hypers) -> torch.nn.Sequential:
     return torch.nn.Sequential(*layers)
 
 
+def _normalized_network(network: torch.nn.Sequential, normalized: torch.Tensor) -> torch.Tensor:
+    """``network`` (layer norm first) on features the layer norm's normalisation gave already."""
+    norm, first = network[0], network[1]
+    weight = first.weight * norm.weight
+    bias = torch.addmv(first.bias, first.weight, norm.bias)
+    return network[2:](torch.nn.functional.linear(normalized, weight, bias))
+
+
 class SoapBpnn(Model):
     """Per-atom contributions from SOAP features, one network per element."""
 
@@ -78,29 +86,29 @@ class SoapBpnn(Model):
     def per_atom_outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
         """:meth:`per_atom_outputs` of a flat batch: the same numbers, faster derivatives.
 
-        Unless the features were kept (no derivatives), the layer norms' normalisation,
-        the same for every element, is done once, with the descriptor, whose derivatives
-        are hand-written (:mod:`.derivatives`); each network keeps its scale and shift.
+        The layer norms' normalisation, the same for every element, is done once for the
+        batch, with the descriptor, whose derivatives are hand-written (:mod:`.derivatives`),
+        or on the kept features. Each layer norm's scale and shift are folded into the
+        first layer of its network, which then multiplies the normalised features directly
+        (a scale of the first layer's weights instead of two passes over the features).
         """
         order, counts, position = self._by_element(batch.types)
+        eps = self.networks[0][0].eps if self.layernorm else None
         kept = batch.data.get("mtt::soap_features")
         if kept is not None:
-            features, normalized = kept.index_select(0, order), False
+            features = kept.index_select(0, order)
+            if eps is not None:
+                features = torch.nn.functional.layer_norm(features, features.shape[1:], eps=eps)
         else:
             pairs = batch.pairs[0]
-            eps = self.networks[0][0].eps if self.layernorm else None
             features = SoapFeatures.apply(
                 pairs.vectors, self.soap, batch.types.index_select(0, order),
                 position[pairs.first], position[pairs.second], eps,
             )
-            normalized = self.layernorm
         outputs = []
         for inputs, network in zip(features.split(counts), self.networks):
             if len(inputs) > 0:  # this element is in the batch
-                if normalized:
-                    inputs = inputs * network[0].weight + network[0].bias
-                    network = network[1:]
-                outputs.append(network(inputs))
+                outputs.append(_normalized_network(network, inputs) if self.layernorm else network(inputs))
         return torch.cat(outputs).index_select(0, position)
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
