@@ -125,19 +125,17 @@ class Model(torch.nn.Module):
         types = torch.cat([s.types for s in systems])
         device = types.device
         n_atoms = torch.tensor([len(s) for s in systems], device=device)
+        first_atom = torch.cumsum(n_atoms, 0) - n_atoms
         system_of_atom = torch.repeat_interleave(torch.arange(len(systems), device=device), n_atoms)
-        atom_in_system = torch.arange(len(types), device=device) - torch.repeat_interleave(
-            torch.cumsum(n_atoms, 0) - n_atoms, n_atoms
-        )
         per_atom = self.composition(types, self.per_atom_outputs(systems))
+        atom_numbers = torch.arange(len(types), device=device)
         if selected_atoms is not None:
             selected = torch.zeros(len(types), dtype=torch.bool, device=device)
-            offsets = torch.cumsum(n_atoms, 0) - n_atoms
             chosen = selected_atoms.values.to(device)
-            selected[offsets[chosen[:, 0]] + chosen[:, 1]] = True
+            selected[first_atom[chosen[:, 0]] + chosen[:, 1]] = True
             per_atom = per_atom[selected]
             system_of_atom = system_of_atom[selected]
-            atom_in_system = atom_in_system[selected]
+            atom_numbers = atom_numbers[selected]
 
         results: Dict[str, TensorMap] = {}
         for i, name in enumerate(self.output_names):
@@ -145,6 +143,7 @@ class Model(torch.nn.Module):
                 continue
             values = per_atom[:, i : i + 1]
             if outputs[name].sample_kind == "atom":
+                atom_in_system = atom_numbers - first_atom[system_of_atom]
                 samples = Labels(
                     ["system", "atom"],
                     torch.stack([system_of_atom, atom_in_system], dim=1).to(torch.int32),

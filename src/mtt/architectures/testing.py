@@ -196,6 +196,16 @@ class ArchitectureTests:
         per_system = torch.zeros_like(total).index_add(0, atoms.samples.column("system"), atoms.values)
         torch.testing.assert_close(per_system, total)
 
+        # engines that hand out atoms to ranks ask for some of them (selected_atoms)
+        from metatensor.torch import Labels
+
+        chosen = torch.tensor([[0, 1], [1, 0], [1, 2]], dtype=torch.int32)
+        selected = model(systems, {"energy": ModelOutput(sample_kind="atom")}, Labels(["system", "atom"], chosen))
+        block = selected["energy"].block()
+        assert block.samples.values.tolist() == chosen.tolist()
+        rows = [int(i) for i, sample in enumerate(atoms.samples.values.tolist()) if sample in chosen.tolist()]
+        torch.testing.assert_close(block.values, atoms.values[rows])
+
     def test_export_runs_in_a_fresh_process(self, model, info, tmp_path: Path):
         from ..checkpoint import export_model
 
