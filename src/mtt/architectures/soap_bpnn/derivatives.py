@@ -1,4 +1,4 @@
-"""The normalised SOAP features with hand-written derivatives, for training steps only.
+"""The normalised SOAP features with hand-written derivatives, for training and validation.
 
 Training on forces differentiates the forces with respect to the weights: autograd goes
 through the backward pass of the descriptor a second time, op by op. The descriptor does
@@ -122,47 +122,15 @@ def _forward(descriptor, types, first, second, vectors, eps):
     radial_both = torch.bmm(powers_of_t, d.radial_cubic.to(dtype).index_select(0, interval))
     radial, radial_derivative = radial_both[:, 0], radial_both[:, 1]
     # harmonics and the gradient of their polynomials, one product for both
-    power_list = [torch.ones_like(unit)]
-    for _ in range(d.max_angular):
-        power_list.append(power_list[-1] * unit)
-    powers = torch.stack(power_list, dim=2)  # (pairs, xyz, power)
-    monomials = (
-        powers[:, 0].index_select(1, d.exponents[:, 0])
-        * powers[:, 1].index_select(1, d.exponents[:, 1])
-        * powers[:, 2].index_select(1, d.exponents[:, 2])
-    )
-    both = (monomials @ d.harmonics_and_gradient.to(dtype)).reshape(n_pairs, 4, size * width)
+    both = (d.monomials(unit) @ d.harmonics_and_gradient.to(dtype)).reshape(n_pairs, 4, size * width)
     harmonics, harmonics_gradient = both[:, 0], both[:, 1:]
 
-    # padded neighbour slots of each (atom, l, neighbour type), both directions of each pair
     species = d.type_to_index[types.long()]
-    centers = torch.cat([first, second])
-    neighbor_types = torch.cat([species[second], species[first]])
-    groups = centers * n_types + neighbor_types  # (atom, type): slots are counted per group
-    counts = torch.bincount(groups, minlength=n_atoms * n_types)
-    slots = int(counts.max()) if n_pairs > 0 else 1
-    order = torch.argsort(groups, stable=True)
-    start = torch.cumsum(counts, 0) - counts
-    slot = torch.empty_like(groups)
-    slot[order] = torch.arange(len(groups), device=device) - start[groups[order]]
-    l_values = torch.arange(size, device=device)[None, :]
-    batch_index = (centers[:, None] * size + l_values) * n_types + neighbor_types[:, None]  # (atom, l, type)
-    rows = (batch_index * slots + slot[:, None]).reshape(-1)
-    n_batches = n_atoms * size * n_types
-    padded_radial = torch.zeros((n_batches * slots, n_radial), dtype=dtype, device=device)
-    padded_radial.index_copy_(0, rows, torch.cat([radial, radial]).reshape(-1, n_radial))
-    padded_radial = padded_radial.reshape(n_batches, slots, n_radial)
-    reversed_harmonics = harmonics * d.harmonic_parity.to(dtype)
-    padded_harmonics = torch.zeros((n_batches * slots, width), dtype=dtype, device=device)
-    padded_harmonics.index_copy_(0, rows, torch.cat([harmonics, reversed_harmonics]).reshape(-1, width))
-    padded_harmonics = padded_harmonics.reshape(n_batches, slots, width)
-
-    expansion = torch.bmm(padded_radial.transpose(1, 2), padded_harmonics)  # (atom, l, type), n, m
-    expansion = expansion.reshape(n_atoms, size * n_types * n_radial * width)
-    own = d.self_term.to(dtype) * d.harmonic_coefficients[0, 0].to(dtype)  # l = 0, m = 0 only
-    columns = (species * n_radial)[:, None] * width + torch.arange(n_radial, device=device) * width
-    expansion.scatter_add_(1, columns, own.expand(n_atoms, n_radial).contiguous())
-    blocks = expansion.reshape(n_atoms * size, n_types * n_radial, width)
+    rows, slots = d.neighbor_slots(species, first, second)
+    padded_radial, padded_harmonics = d.padded(radial, harmonics, rows, n_atoms, slots)
+    blocks = d.expansion_of_padded(padded_radial, padded_harmonics, species).reshape(
+        n_atoms * size, n_types * n_radial, width
+    )
 
     products = torch.bmm(blocks, blocks.transpose(1, 2)).reshape(n_atoms, -1)
     features = products.index_select(1, d.feature_positions) * d.feature_weights.to(dtype)
@@ -195,7 +163,7 @@ def _vector_gradient(saved: _Saved, grad_features: torch.Tensor) -> torch.Tensor
     """d loss / d pair vectors, (pairs, 3), from d loss / d features."""
     d = saved.descriptor
     n_pairs = len(saved.unit)
-    size, n_types, n_radial = d.max_angular + 1, d.n_types, d.n_radial
+    size, n_radial = d.max_angular + 1, d.n_radial
     width = 2 * d.max_angular + 1
     # products = blocks blocks^T: d / d blocks = (G + G^T) blocks, the transpose left to the
     # matrix product (adding a transposed copy first takes longer than a second product)
@@ -223,22 +191,16 @@ def _feature_jvp(saved: _Saved, direction: torch.Tensor) -> torch.Tensor:
     """Change of the features, (atoms, features), along a change of the pair vectors."""
     d = saved.descriptor
     dtype = direction.dtype
-    size, n_types, n_radial = d.max_angular + 1, d.n_types, d.n_radial
-    width = 2 * d.max_angular + 1
-    n_batches, slots = saved.padded_radial.shape[0], saved.slots
     along = (saved.unit * direction).sum(dim=1, keepdim=True)
     d_radial = saved.radial_derivative * along
     d_harmonics = torch.bmm(direction[:, None, :], saved.harmonics_gradient).reshape(len(direction), -1)
     d_harmonics = (d_harmonics - d.harmonic_degree.to(dtype) * saved.harmonics * along) * saved.inverse_distance
-    padded_d_radial = torch.zeros((n_batches * slots, n_radial), dtype=dtype, device=direction.device)
-    padded_d_radial.index_copy_(0, saved.rows, torch.cat([d_radial, d_radial]).reshape(-1, n_radial))
-    padded_d_harmonics = torch.zeros((n_batches * slots, width), dtype=dtype, device=direction.device)
-    reversed_d_harmonics = d_harmonics * d.harmonic_parity.to(dtype)
-    padded_d_harmonics.index_copy_(0, saved.rows, torch.cat([d_harmonics, reversed_d_harmonics]).reshape(-1, width))
+    padded_d_radial, padded_d_harmonics = d.padded(d_radial, d_harmonics, saved.rows, saved.n_atoms, saved.slots)
+    # the expansion is bilinear in the radial and angular parts
     d_expansion = torch.baddbmm(
-        torch.bmm(padded_d_radial.reshape(n_batches, slots, n_radial).transpose(1, 2), saved.padded_harmonics),
+        torch.bmm(padded_d_radial.transpose(1, 2), saved.padded_harmonics),
         saved.padded_radial.transpose(1, 2),
-        padded_d_harmonics.reshape(n_batches, slots, width),
+        padded_d_harmonics,
     )
     d_blocks = d_expansion.reshape(saved.blocks.shape)
     half = torch.bmm(d_blocks, saved.blocks.transpose(1, 2)).reshape(saved.n_atoms, -1)

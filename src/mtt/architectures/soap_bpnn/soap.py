@@ -210,7 +210,6 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.register_buffer("self_term", self_term, persistent=False)
         self.register_buffer("exponents", exponents, persistent=False)
         self.register_buffer("harmonic_coefficients", coefficients, persistent=False)
-        self.register_buffer("parity", torch.tensor([(-1.0) ** l for l in range(max_angular + 1)]), persistent=False)
         self.register_buffer("type_to_index", type_to_index, persistent=False)
         # where each feature (pair, l, n1, n2) sits among the (l, a, n1, b, n2) products
         n = max_radial + 1
@@ -223,8 +222,8 @@ class SoapPowerSpectrum(torch.nn.Module):
                         weights.append(pair_factor[p] * coupling[l])
         self.register_buffer("feature_positions", torch.tensor(positions), persistent=False)
         self.register_buffer("feature_weights", torch.tensor(weights, dtype=torch.float64), persistent=False)
-        # for the training-only derivatives of .derivatives: the same features with (n1, n2)
-        # swapped, the harmonics with their polynomials' gradient, l and (-1)^l per column
+        # the same features with (n1, n2) swapped, the harmonics with their polynomials'
+        # gradient (for the hand-written derivatives of .derivatives), l and (-1)^l per column
         columns = n_types * n
         transposed = [
             p // columns**2 * columns**2 + (p % columns) * columns + p % columns**2 // columns for p in positions
@@ -281,68 +280,86 @@ class SoapPowerSpectrum(torch.nn.Module):
         radial = torch.bmm(t_powers, self.radial_cubic.to(dtype).index_select(0, interval))[:, 0]
         # angular part: the harmonics as polynomials of the unit vector
         unit = vectors / distances[:, None]
+        return radial, self.monomials(unit) @ self.harmonic_coefficients.to(dtype)
+
+    def monomials(self, unit: torch.Tensor) -> torch.Tensor:
+        """Every monomial of degree 0 to L of the unit vectors, (pairs, monomials)."""
         power_list = [torch.ones_like(unit)]
         for _ in range(self.max_angular):
             power_list.append(power_list[-1] * unit)
         powers = torch.stack(power_list, dim=2)  # (pairs, xyz, power)
-        monomials = (
+        return (
             powers[:, 0].index_select(1, self.exponents[:, 0])
             * powers[:, 1].index_select(1, self.exponents[:, 1])
             * powers[:, 2].index_select(1, self.exponents[:, 2])
         )
-        return radial, monomials @ self.harmonic_coefficients.to(dtype)
 
     def expansion(
         self, types: torch.Tensor, first: torch.Tensor, second: torch.Tensor, vectors: torch.Tensor
     ) -> torch.Tensor:
         """Density expansion, rows (atom, l, neighbour type), columns (n, m), padded m."""
-        dtype = vectors.dtype
-        device = vectors.device
-        n_atoms = len(types)
+        radial, harmonics = self.pair_densities(vectors)
+        species = self.type_to_index[types.long()]
+        rows, slots = self.neighbor_slots(species, first, second)
+        padded_radial, padded_harmonics = self.padded(radial, harmonics, rows, len(types), slots)
+        return self.expansion_of_padded(padded_radial, padded_harmonics, species)
+
+    def neighbor_slots(self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        """Where each directed pair and l goes among the padded neighbour slots.
+
+        The density expansion of each (atom, l, neighbour type) is a sum over that group's
+        neighbours, done as one batched matrix product over neighbour slots padded to the
+        largest group. Each pair is seen from both of its atoms: returns the row of
+        (both directions of every pair, l) among (atom, l, type, slot), and the number of
+        slots.
+        """
         n_types = self.n_types
         size = self.max_angular + 1
-        width = 2 * self.max_angular + 1
-        n_radial = self.n_radial
-        n_pairs = len(first)
-        species = self.type_to_index[types.long()]
-
-        radial, harmonics = self.pair_densities(vectors)
-        radial = radial.reshape(n_pairs, size, n_radial)
-        harmonics = harmonics.reshape(n_pairs, size, width)
-        # each pair is seen from both atoms; the reversed vector flips the sign of odd l
-        reversed_harmonics = harmonics * self.parity.to(dtype)[:, None]
-        groups = torch.cat([first * n_types + species[second], second * n_types + species[first]])
-
-        # the density expansion of each (atom, neighbour type) is a sum over that group's
-        # neighbours, done as one batched matrix product over neighbour slots padded to the
-        # largest group; each pair is written straight into its slot, for both directions
-        n_groups = n_atoms * n_types
-        counts = torch.bincount(groups, minlength=n_groups)
-        slots = int(counts.max()) if n_pairs > 0 else 1
+        centers = torch.cat([first, second])
+        neighbor_types = torch.cat([species[second], species[first]])
+        groups = centers * n_types + neighbor_types  # slots are counted per (atom, type)
+        counts = torch.bincount(groups, minlength=len(species) * n_types)
+        slots = int(counts.max()) if len(first) > 0 else 1
         order = torch.argsort(groups, stable=True)
         start = torch.cumsum(counts, 0) - counts
         slot = torch.empty_like(groups)
-        slot[order] = torch.arange(len(groups), device=device) - start[groups[order]]
-        l_values = torch.arange(size, device=device)[None, :]
-        rows = ((groups[:, None] * size + l_values) * slots + slot[:, None]).reshape(-1)  # (group, l, slot)
-        # one copy per tensor: after a second copy into the same tensor, autograd would clear
-        # the first one's slots in the whole padded gradient
-        padded_radial = torch.zeros((n_groups * size * slots, n_radial), dtype=dtype, device=device)
-        padded_radial.index_copy_(0, rows, torch.cat([radial, radial]).reshape(-1, n_radial))
-        padded_harmonics = torch.zeros((n_groups * size * slots, width), dtype=dtype, device=device)
-        padded_harmonics.index_copy_(0, rows, torch.cat([harmonics, reversed_harmonics]).reshape(-1, width))
-        expansion = torch.bmm(
-            padded_radial.reshape(n_groups * size, slots, n_radial).transpose(1, 2),
-            padded_harmonics.reshape(n_groups * size, slots, width),
-        )  # (atom, type, l, n, m), reordered below to rows (atom, l, type) at the atom level
-        expansion = expansion.reshape(n_atoms, n_types, size, n_radial * width).transpose(1, 2)
-        expansion = expansion.reshape(n_atoms * size * n_types, n_radial * width)
+        slot[order] = torch.arange(len(groups), device=groups.device) - start[groups[order]]
+        l_values = torch.arange(size, device=groups.device)[None, :]
+        batch = (centers[:, None] * size + l_values) * n_types + neighbor_types[:, None]  # (atom, l, type)
+        return (batch * slots + slot[:, None]).reshape(-1), slots
 
-        # the central atom's own density: l = 0, m = 0 only
-        own = torch.zeros((n_atoms, n_radial, width), dtype=dtype, device=device)
-        own[:, :, 0] = self.self_term.to(dtype) * self.harmonic_coefficients[0, 0].to(dtype)  # Y_0^0
-        rows = torch.arange(n_atoms, device=device) * (size * n_types) + species  # (atom, l = 0, type)
-        return expansion.index_add(0, rows, own.reshape(n_atoms, -1))
+    def padded(
+        self, radial: torch.Tensor, harmonics: torch.Tensor, rows: torch.Tensor, n_atoms: int, slots: int
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Pair densities written into their slots, both directions: (batches, slots, N or W).
+
+        The reversed vector has the same radial part and flips the sign of odd l. One copy
+        per tensor: after a second copy into the same tensor, autograd would clear the first
+        one's slots in the whole padded gradient.
+        """
+        width = 2 * self.max_angular + 1
+        batches = n_atoms * (self.max_angular + 1) * self.n_types
+        padded_radial = torch.zeros((batches * slots, self.n_radial), dtype=radial.dtype, device=radial.device)
+        padded_radial.index_copy_(0, rows, torch.cat([radial, radial]).reshape(-1, self.n_radial))
+        reversed_harmonics = harmonics * self.harmonic_parity.to(harmonics.dtype)
+        padded_harmonics = torch.zeros((batches * slots, width), dtype=harmonics.dtype, device=harmonics.device)
+        padded_harmonics.index_copy_(0, rows, torch.cat([harmonics, reversed_harmonics]).reshape(-1, width))
+        return padded_radial.reshape(batches, slots, self.n_radial), padded_harmonics.reshape(batches, slots, width)
+
+    def expansion_of_padded(
+        self, padded_radial: torch.Tensor, padded_harmonics: torch.Tensor, species: torch.Tensor
+    ) -> torch.Tensor:
+        """The expansion, rows (atom, l, type), from :meth:`padded`'s slots, with each
+        central atom's own density (l = 0, m = 0 only)."""
+        n_atoms = len(species)
+        width = 2 * self.max_angular + 1
+        expansion = torch.bmm(padded_radial.transpose(1, 2), padded_harmonics)
+        expansion = expansion.reshape(n_atoms, -1)
+        own = self.self_term.to(expansion.dtype) * self.harmonic_coefficients[0, 0].to(expansion.dtype)  # Y_0^0
+        n = torch.arange(self.n_radial, device=species.device)
+        columns = ((species * self.n_radial)[:, None] + n) * width  # (atom, l = 0, type, n, m = 0)
+        expansion = expansion.scatter_add(1, columns, own.expand(n_atoms, self.n_radial))
+        return expansion.reshape(n_atoms * (self.max_angular + 1) * self.n_types, self.n_radial * width)
 
     def power_spectrum(self, expansion: torch.Tensor, n_atoms: int) -> torch.Tensor:
         """Features (atoms, pair x l x n1 x n2) from :meth:`expansion`'s rows."""
