@@ -117,6 +117,8 @@ def report(error: BaseException, context: RunContext, debug: bool) -> int:
     if isinstance(error, StopRequested):  # not a failure: one message, from rank 0
         if not rank:
             print(f"mtt: {error}", file=sys.stderr)
+        if environment is not None:  # every rank stopped together: close the group in order
+            environment.shutdown()
         return error.exit_status
     log = None
     if context.run_folder is not None and context.run_folder.exists():

@@ -221,6 +221,11 @@ class DistributedEnvironment:
         torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
         return bool(value.item() > 0)
 
+    def barrier(self) -> None:
+        """Wait until every rank is here."""
+        if self.enabled:
+            torch.distributed.barrier()
+
     def shutdown(self) -> None:
         if self.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

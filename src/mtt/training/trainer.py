@@ -219,6 +219,7 @@ class Trainer:
                                     "stopped by %s during epoch %d after %d of %d steps; checkpoint written to %s",
                                     signals.received or "a signal on another rank", epoch, number + 1, len(batches), path,
                                 )
+                            self.environment.barrier()  # every rank stops once the checkpoint is written
                             raise StopRequested(
                                 f"training stopped on {signals.received or 'a signal to another rank'}; "
                                 f"the checkpoint {path} holds every step so far.",
@@ -251,6 +252,7 @@ class Trainer:
                             save(path, state)
                             LOGGER.info("stopped by %s after epoch %d; checkpoint written to %s",
                                         signals.received or "a signal on another rank", epoch, path)
+                        self.environment.barrier()
                         raise StopRequested(
                             f"training stopped on {signals.received or 'a signal to another rank'} after "
                             f"epoch {epoch}; the checkpoint {path} holds it.",
