@@ -23,6 +23,8 @@ class CompositionHypers:
 class CompositionModel(Model):
     """Predicts the sum over atoms of a fitted per-element value."""
 
+    takes_flat_batches = True
+
     def __init__(self, hypers: CompositionHypers, info):
         super().__init__(info)
 
@@ -32,8 +34,6 @@ class CompositionModel(Model):
         # zero, but still a function of the positions so forces (all zero) exist
         zero = torch.cat([s.positions.sum(dim=1) for s in systems]) * 0.0
         return zero[:, None].expand(n_atoms, len(self.output_names)).to(dtype)
-
-    takes_flat_batches = True
 
     def per_atom_outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
         zero = batch.positions.sum(dim=1) * 0.0

@@ -40,6 +40,8 @@ def _normalized_network(network: torch.nn.Sequential, normalized: torch.Tensor) 
 class SoapBpnn(Model):
     """Per-atom contributions from SOAP features, one network per element."""
 
+    takes_flat_batches = True
+
     def __init__(self, hypers: SoapBpnnHypers, info):
         super().__init__(info)
         soap = hypers.soap
@@ -80,8 +82,6 @@ class SoapBpnn(Model):
         position = torch.empty_like(order)
         position[order] = torch.arange(len(order), device=order.device)
         return order, counts, position
-
-    takes_flat_batches = True
 
     def per_atom_outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
         """:meth:`per_atom_outputs` of a flat batch: the same numbers, faster derivatives.
