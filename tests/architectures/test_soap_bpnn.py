@@ -77,8 +77,9 @@ def test_torch_soap_equals_featomic(max_angular, max_radial):
         assert torch.allclose(mine, theirs, rtol=0, atol=1e-6 * scale)
 
 
-def test_energy_training_keeps_the_features():
-    """Without derivatives the trainer keeps SOAP features; with them, nothing (recomputed)."""
+def test_training_keeps_the_descriptor():
+    """The trainer keeps, per structure, the features as the networks take them and, when
+    forces or stress are trained, all their derivatives need; within the budget only."""
     from mtt.architectures import load
     from mtt.architectures.testing import emt_structures
     from mtt.config.schema import parse_options
@@ -92,20 +93,28 @@ def test_energy_training_keeps_the_features():
     model = architecture.model_class(parse_options(architecture.hypers_class, {}, ""), info)
     structures = emt_structures(2)
     compute_neighbor_lists(structures, model.requested_neighbor_lists())
+    n_atoms = sum(len(s) for s in structures)
+    n_pairs = sum(len(s.neighbors[0][1].values) for s in structures)
+    soap = model.soap
+
     energy_only = PrecomputedInputs(model, derivatives=False, budget_mb=100)
-    systems = make_batch(structures, torch.float32, torch.device("cpu"), False, False, energy_only.attach).systems
-    assert all("mtt::soap_features" in system.known_data() for system in systems)
-    assert energy_only.used == sum(len(s) for s in structures) * model.soap.n_features * 4
+    batch = make_batch(structures, torch.float32, torch.device("cpu"), False, False, flat=True, keep=energy_only.keep)
+    assert sorted(batch.flat.data) == ["mtt::soap_inputs"]
+    assert energy_only.used == n_atoms * soap.n_features * 4
 
     with_forces = PrecomputedInputs(model, derivatives=True, budget_mb=100)
-    systems = make_batch(structures, torch.float32, torch.device("cpu"), True, False, with_forces.attach).systems
-    assert not any(system.known_data() for system in systems)
+    batch = make_batch(structures, torch.float32, torch.device("cpu"), True, False, flat=True, keep=with_forces.keep)
+    assert sorted(batch.flat.data) == ["mtt::soap_atoms", "mtt::soap_inputs", "mtt::soap_pairs"]
+    size, width = soap.max_angular + 1, 2 * soap.max_angular + 1
+    per_atom = soap.n_features + 2 + size * soap.n_types * soap.n_radial * width
+    per_pair = 3 + 1 + 2 * size * soap.n_radial + 4 * size * width + 2
+    assert with_forces.used == (n_atoms * per_atom + n_pairs * per_pair) * 4
 
-    too_small = PrecomputedInputs(model, derivatives=False, budget_mb=1e-3)
+    too_small = PrecomputedInputs(model, derivatives=True, budget_mb=1e-3)
     fresh = emt_structures(2)
     compute_neighbor_lists(fresh, model.requested_neighbor_lists())
-    systems = make_batch(fresh, torch.float32, torch.device("cpu"), False, False, too_small.attach).systems
-    assert too_small.full and not any(system.known_data() for system in systems)
+    batch = make_batch(fresh, torch.float32, torch.device("cpu"), True, False, flat=True, keep=too_small.keep)
+    assert too_small.full and not batch.flat.data
 
 
 def test_hand_written_derivatives_equal_autograd():

@@ -14,9 +14,9 @@ from metatomic.torch import NeighborListOptions, System
 
 from ...data.batching import FlatBatch
 from ..base import Model
-from .derivatives import SoapFeatures
+from .derivatives import SoapFeatures, kept_inputs
 from .hypers import SoapBpnnHypers
-from .soap import SoapPowerSpectrum
+from .soap import SoapPowerSpectrum, as_tensormap
 
 
 def _element_network(n_in: int, n_out: int, hypers) -> torch.nn.Sequential:
@@ -94,16 +94,17 @@ class SoapBpnn(Model):
         """
         order, counts, position = self._by_element(batch.types)
         eps = self.networks[0][0].eps if self.layernorm else None
-        kept = batch.data.get("mtt::soap_features")
-        if kept is not None:
-            features = kept.index_select(0, order)
-            if eps is not None:
-                features = torch.nn.functional.layer_norm(features, features.shape[1:], eps=eps)
+        data = batch.data
+        if "mtt::soap_inputs" in data and "mtt::soap_pairs" not in data:  # no derivatives
+            features = data["mtt::soap_inputs"].index_select(0, order)
         else:
             pairs = batch.pairs[0]
+            kept = None
+            if "mtt::soap_pairs" in data:
+                kept = (data["mtt::soap_inputs"], data["mtt::soap_atoms"], data["mtt::soap_pairs"])
             features = SoapFeatures.apply(
                 pairs.vectors, self.soap, batch.types.index_select(0, order),
-                position[pairs.first], position[pairs.second], eps,
+                position[pairs.first], position[pairs.second], eps, kept, order,
             )
         outputs = []
         for inputs, network in zip(features.split(counts), self.networks):
@@ -116,7 +117,21 @@ class SoapBpnn(Model):
 
     @torch.jit.unused
     def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
-        return self.soap.precompute(system, derivatives)
+        """The features as the networks take them (normalised), and with derivatives all
+        that the hand-written derivatives need (:func:`.derivatives.kept_inputs`): the
+        structures do not move, so the descriptor is computed once per structure.
+
+        A subclass that takes systems keeps the raw features, without derivatives only.
+        """
+        if not self.uses_flat_batches():
+            return self.soap.precompute(system, derivatives)
+        types, first, second, vectors = self.soap._pairs([system])
+        eps = self.networks[0][0].eps if self.layernorm else None
+        with torch.no_grad():
+            kept = kept_inputs(self.soap, types, first, second, vectors, eps)
+        if not derivatives:
+            kept = {"inputs": kept["inputs"]}
+        return {f"mtt::soap_{name}": as_tensormap(values) for name, values in kept.items()}
 
     @torch.jit.unused
     def interaction_range(self) -> float:

@@ -222,13 +222,13 @@ class SoapPowerSpectrum(torch.nn.Module):
                         weights.append(pair_factor[p] * coupling[l])
         self.register_buffer("feature_positions", torch.tensor(positions), persistent=False)
         self.register_buffer("feature_weights", torch.tensor(weights, dtype=torch.float64), persistent=False)
-        # the same features with (n1, n2) swapped, the harmonics with their polynomials'
-        # gradient (for the hand-written derivatives of .derivatives), l and (-1)^l per column
-        columns = n_types * n
-        transposed = [
-            p // columns**2 * columns**2 + (p % columns) * columns + p % columns**2 // columns for p in positions
-        ]
-        self.register_buffer("transposed_feature_positions", torch.tensor(transposed), persistent=False)
+        # for the hand-written derivatives of .derivatives: each product's feature (or the
+        # zero one past the last, for products that are none), the harmonics with their
+        # polynomials' gradient, l and (-1)^l per column
+        n_products = n_types**2 * (max_angular + 1) * n**2
+        feature_of_product = torch.full((n_products,), len(positions), dtype=torch.long)
+        feature_of_product[torch.tensor(positions)] = torch.arange(len(positions))
+        self.register_buffer("feature_of_product", feature_of_product, persistent=False)
         both = torch.cat([coefficients, harmonic_gradient_coefficients(exponents, coefficients)], dim=1)
         self.register_buffer("harmonics_and_gradient", both, persistent=False)
         degree = torch.arange(max_angular + 1, dtype=torch.float64).repeat_interleave(2 * max_angular + 1)
@@ -313,20 +313,33 @@ class SoapPowerSpectrum(torch.nn.Module):
         (both directions of every pair, l) among (atom, l, type, slot), and the number of
         slots.
         """
+        slot = self.slot_in_group(species, first, second)
+        slots = int(slot.max()) + 1 if len(first) > 0 else 1
+        return self.slot_rows(species, first, second, slot, slots), slots
+
+    def slot_in_group(self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """Each directed pair's (both directions of every pair) slot among the neighbours of
+        its central atom of the same type: a structure's own, whatever batch it is in."""
         n_types = self.n_types
-        size = self.max_angular + 1
         centers = torch.cat([first, second])
-        neighbor_types = torch.cat([species[second], species[first]])
-        groups = centers * n_types + neighbor_types  # slots are counted per (atom, type)
+        groups = centers * n_types + torch.cat([species[second], species[first]])
         counts = torch.bincount(groups, minlength=len(species) * n_types)
-        slots = int(counts.max()) if len(first) > 0 else 1
         order = torch.argsort(groups, stable=True)
         start = torch.cumsum(counts, 0) - counts
         slot = torch.empty_like(groups)
         slot[order] = torch.arange(len(groups), device=groups.device) - start[groups[order]]
-        l_values = torch.arange(size, device=groups.device)[None, :]
-        batch = (centers[:, None] * size + l_values) * n_types + neighbor_types[:, None]  # (atom, l, type)
-        return (batch * slots + slot[:, None]).reshape(-1), slots
+        return slot
+
+    def slot_rows(
+        self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor, slot: torch.Tensor, slots: int
+    ) -> torch.Tensor:
+        """The padded row (atom, l, type, slot) of each directed pair and l."""
+        size = self.max_angular + 1
+        centers = torch.cat([first, second])
+        neighbor_types = torch.cat([species[second], species[first]])
+        l_values = torch.arange(size, device=centers.device)[None, :]
+        batch = (centers[:, None] * size + l_values) * self.n_types + neighbor_types[:, None]  # (atom, l, type)
+        return (batch * slots + slot[:, None]).reshape(-1)
 
     def padded(
         self, radial: torch.Tensor, harmonics: torch.Tensor, rows: torch.Tensor, n_atoms: int, slots: int
@@ -385,12 +398,12 @@ class SoapPowerSpectrum(torch.nn.Module):
         types, first, second, vectors = self._pairs([system])
         with torch.no_grad():
             features = self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
-        return {"mtt::soap_features": _as_tensormap(features)}
+        return {"mtt::soap_features": as_tensormap(features)}
 
 
-def _as_tensormap(values: torch.Tensor) -> TensorMap:
+def as_tensormap(values: torch.Tensor) -> TensorMap:
     """A (rows, columns) tensor as the one-block TensorMap that system data must be."""
-    samples = Labels("atom", torch.arange(len(values), device=values.device).reshape(-1, 1))
+    samples = Labels("row", torch.arange(len(values), device=values.device).reshape(-1, 1))
     properties = Labels("feature", torch.arange(values.shape[1], device=values.device).reshape(-1, 1))
     block = TensorBlock(values, samples, [], properties)
     return TensorMap(Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=values.device)), [block])
