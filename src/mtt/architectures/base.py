@@ -108,8 +108,9 @@ class Model(torch.nn.Module):
         lists; ``derivatives`` when forces or stress are trained) and attaches the result
         to that structure's system with ``System.add_data`` at every step, within the
         memory budget ``training.cache_memory_mb``; flat batches get each name's block
-        values (one block, a row per atom) concatenated in ``FlatBatch.data``, when every
-        structure of the batch has them. A model given such data must return the same
+        values (one block, with rows of the model's choosing: per atom, per pair...)
+        concatenated structure by structure in ``FlatBatch.data``, when every structure
+        of the batch has them. A model given such data must return the same
         values and first derivatives as without it. The default keeps nothing.
         """
         return {}

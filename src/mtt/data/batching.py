@@ -75,7 +75,7 @@ class FlatBatch:
     leaf: torch.Tensor  # (atoms, 3) the positions that forces are taken against
     strain: torch.Tensor | None  # (structures, 3, 3) the displacements that stress is taken against
     neighbors: list[list[_Pairs]]  # per requested neighbour list, each structure's pairs
-    data: dict[str, torch.Tensor] = field(default_factory=dict)  # kept per-atom inputs, concatenated
+    data: dict[str, torch.Tensor] = field(default_factory=dict)  # kept inputs, rows structure by structure
 
     @functools.cached_property
     def positions(self) -> torch.Tensor:

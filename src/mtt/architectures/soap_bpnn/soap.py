@@ -273,11 +273,11 @@ class SoapPowerSpectrum(torch.nn.Module):
         # radial part: cubic spline on featomic's grid
         position = distances / self.spacing
         interval = torch.clamp(position.detach().floor().long(), 0, self.radial_cubic.shape[0] - 1)
-        t = position - interval.to(dtype)
-        t_powers = torch.stack([torch.ones_like(t), t, t * t, t * t * t], dim=1)[:, None, :]
-        # one small product per pair: its backward is as small (a broadcast product and its
-        # sum took a tenth of a force evaluation of a 100-atom cell)
-        radial = torch.bmm(t_powers, self.radial_cubic.to(dtype).index_select(0, interval))[:, 0]
+        t = (position - interval.to(dtype))[:, None]
+        # each pair's cubic in Horner's form: 3 % faster than one small matrix product per
+        # pair on a 100-atom carbon cell, 2 % on an ethanol molecule (energy and forces)
+        cubic = self.radial_cubic.to(dtype).index_select(0, interval)
+        radial = cubic[:, 0] + t * (cubic[:, 1] + t * (cubic[:, 2] + t * cubic[:, 3]))
         # angular part: the harmonics as polynomials of the unit vector
         unit = vectors / distances[:, None]
         return radial, self.monomials(unit) @ self.harmonic_coefficients.to(dtype)
