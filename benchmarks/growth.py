@@ -1,7 +1,7 @@
 """How training time and memory grow with the dataset: EMT datasets of 1k, 4k and 16k
 structures made by the repository's generator, 2 epochs each.
 
-    python benchmarks/growth.py [--sizes 1000 4000 16000] [--epochs 2]
+    python benchmarks/growth.py [--sizes 1000 4000 16000] [--epochs 2] [--cache-memory-mb 1024]
 
 Prints seconds per epoch, seconds per epoch per 1000 structures (constant when growth is
 linear), the fixed cost (reading, neighbour lists, export) and peak memory.
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = ROOT / "examples" / "data" / "generate_emt_dataset.py"
 OPTIONS = """
 seed: 0
-architecture: {{name: soap_bpnn, training: {{num_epochs: {epochs}, batch_size: 16}}}}
+architecture: {{name: soap_bpnn, training: {{num_epochs: {epochs}, batch_size: 16, cache_memory_mb: {cache}}}}}
 training_set:
   systems: {data}
   targets:
@@ -36,6 +36,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000, 16000])
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--cache-memory-mb", type=float, default=1024.0,
+                        help="what the trainer may keep of the descriptor (0: nothing)")
     args = parser.parse_args()
     print(f"{'structures':>10s} {'s/epoch':>9s} {'s/epoch/1k':>11s} {'fixed s':>8s} {'peak MB':>8s}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -45,7 +47,7 @@ def main() -> None:
             data = folder / "emt.xyz"
             subprocess.run([sys.executable, str(GENERATOR), "--n-structures", str(size), "--output", str(data)],
                            check=True, capture_output=True)
-            (folder / "options.yaml").write_text(OPTIONS.format(epochs=args.epochs, data=data))
+            (folder / "options.yaml").write_text(OPTIONS.format(epochs=args.epochs, data=data, cache=args.cache_memory_mb))
             start = time.monotonic()
             subprocess.run([sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=folder, check=True,
                            capture_output=True)
