@@ -195,6 +195,10 @@ class ArchitectureTests:
         atoms = model(systems, {"energy": ModelOutput(sample_kind="atom")})["energy"].block()
         per_system = torch.zeros_like(total).index_add(0, atoms.samples.column("system"), atoms.values)
         torch.testing.assert_close(per_system, total)
+        for k, system in enumerate(systems):  # one system, as in every MD step, takes a shorter path
+            alone = model([system], {"energy": ModelOutput(sample_kind="system")})["energy"].block()
+            assert alone.samples.values.tolist() == [[0]]
+            torch.testing.assert_close(alone.values, total[k : k + 1])
 
         # engines that hand out atoms to ranks ask for some of them (selected_atoms)
         from metatensor.torch import Labels
