@@ -2,6 +2,7 @@
 and ASE MD speed, on the shared DFT datasets.
 
     python benchmarks/compare_metatrain.py [--repeats 3] [--epochs 50] [--datasets ethanol qm9 carbon]
+                                           [--md-steps 200] [--md-rounds 3]
 
 The first run creates .bench/metatrain (a virtual environment with metatrain 2026.4.1, its
 soap-bpnn extra and torch 2.13.0, the same torch as mtt's). Both tools train from the same
@@ -9,6 +10,8 @@ options file (metatrain's format, which mtt reads unchanged): same data and spli
 hyperparameters (metatrain's SOAP-BPNN defaults), batch 16, the same epochs and seed, and
 float32, metatrain's default precision. The tools alternate, several times; the table gives
 medians with min and max, and mtt / metatrain ratios. Run it with nothing else on the machine.
+After each training of ethanol and carbon, the two exported models run ASE MD in turn,
+``--md-rounds`` times each (an ethanol molecule, and the carbon cell repeated to 100 atoms).
 
 Run r uses the seed 42 + r for both tools. The timings do not depend on it; the test errors
 do (each tool draws its own split and initial weights from it), so their min and max show
@@ -170,23 +173,33 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--md-steps", type=int, default=200)
+    parser.add_argument("--md-rounds", type=int, default=3,
+                        help="MD runs of each tool's model per training run, the tools alternating")
     args = parser.parse_args()
     setup_metatrain()
+    # MD after each training: ethanol as is, the 4-atom carbon cell repeated to 100 atoms
+    md_systems = {"ethanol": ("MD ethanol steps/s", (1, 1, 1), args.md_steps),
+                  "carbon": ("MD carbon 100 atoms steps/s", (5, 5, 1), args.md_steps // 4)}
     results: dict[tuple, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for dataset in args.datasets:
+                folders = {}
                 for tool in ("mtt", "metatrain"):  # alternate
-                    folder = Path(tmp) / f"{tool}-{dataset}-{repeat}"
+                    folder = folders[tool] = Path(tmp) / f"{tool}-{dataset}-{repeat}"
                     folder.mkdir()
                     measured = run_tool(tool, dataset, args.epochs, 42 + repeat, folder)
-                    if dataset == "ethanol":
-                        measured["MD ethanol steps/s"] = md_rate(tool, folder, DATA / DATASETS["ethanol"][0], (1, 1, 1), args.md_steps)
-                    if dataset == "carbon":
-                        measured["MD carbon 100 atoms steps/s"] = md_rate(tool, folder, DATA / DATASETS["carbon"][0], (5, 5, 1), args.md_steps // 4)
                     for name, value in measured.items():
                         results.setdefault((dataset, name, tool), []).append(value)
                     print(f"  done: {dataset} {tool} run {repeat + 1}", file=sys.stderr)
+                if dataset in md_systems:
+                    # short MD runs of the two models in alternation: the machine's slow
+                    # phases last minutes, and would otherwise fall on one tool's run
+                    name, repeat_cell, steps = md_systems[dataset]
+                    for round_ in range(args.md_rounds):
+                        for tool in ("mtt", "metatrain") if round_ % 2 == 0 else ("metatrain", "mtt"):
+                            rate = md_rate(tool, folders[tool], DATA / DATASETS[dataset][0], repeat_cell, steps)
+                            results.setdefault((dataset, name, tool), []).append(rate)
 
     print(f"\nmtt vs metatrain 2026.4.1, {args.epochs} epochs, {args.repeats} runs each (seeds 42 to "
           f"{41 + args.repeats}), medians [min-max]")
