@@ -124,9 +124,9 @@ class Model(torch.nn.Module):
     ) -> Dict[str, TensorMap]:
         """metatomic's model interface: per-structure or per-atom outputs as TensorMaps.
 
-        Per-structure outputs of all atoms, the case of every MD step, take the fewest
-        operations: numbering atoms within their systems took 6 % of the energy and forces
-        of an ethanol molecule.
+        One system's per-structure outputs of all atoms, the case of every MD step, take the
+        fewest operations: numbering atoms within their systems took 6 % of the energy and
+        forces of an ethanol molecule.
         """
         types = systems[0].types if len(systems) == 1 else torch.cat([s.types for s in systems])
         device = types.device
@@ -139,15 +139,9 @@ class Model(torch.nn.Module):
                 per_atom_requested = True
 
         results: Dict[str, TensorMap] = {}
-        if selected_atoms is None and not per_atom_requested:
-            if len(systems) == 1:
-                totals = per_atom.sum(0, keepdim=True)
-            else:
-                n_atoms = torch.tensor([len(s) for s in systems], device=device)
-                system_of_atom = torch.repeat_interleave(torch.arange(len(systems), device=device), n_atoms)
-                totals = torch.zeros((len(systems), per_atom.shape[1]), dtype=per_atom.dtype, device=device)
-                totals = totals.index_add(0, system_of_atom, per_atom)
-            samples = Labels(["system"], torch.arange(len(systems), device=device, dtype=torch.int32)[:, None])
+        if len(systems) == 1 and selected_atoms is None and not per_atom_requested:
+            totals = per_atom.sum(0, keepdim=True)
+            samples = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
             for i, name in enumerate(self.output_names):
                 if name in outputs:
                     block = TensorBlock(values=totals[:, i : i + 1], samples=samples, components=[], properties=properties)

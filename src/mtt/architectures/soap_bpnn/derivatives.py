@@ -185,7 +185,8 @@ def kept_inputs(descriptor, types, first, second, vectors, eps) -> Dict[str, tor
     ``pairs`` (the pairs' radial and angular parts and neighbour slots)."""
     saved, features = _forward(descriptor, types, first, second, vectors, eps)
     n_pairs = len(first)
-    slot = descriptor.slot_in_group(descriptor.type_to_index[types.long()], first, second)
+    centers, neighbor_types = descriptor.directed_pairs(descriptor.type_to_index[types.long()], first, second)
+    slot = descriptor.slot_in_group(centers, neighbor_types, len(types))
     pairs = torch.cat([
         saved.unit, saved.inverse_distance, saved.radial, saved.radial_derivative, saved.harmonics,
         saved.harmonics_gradient.reshape(n_pairs, -1), slot.reshape(2, n_pairs).t().to(vectors.dtype),
@@ -209,7 +210,7 @@ def _kept_forward(d, types, first, second, eps, kept, order):
     species = d.type_to_index[types.long()]
     slot = slot.t().reshape(-1).long()
     slots = int(slot.max()) + 1 if n_pairs > 0 else 1
-    rows = d.slot_rows(species, first, second, slot, slots)
+    rows = d.slot_rows(*d.directed_pairs(species, first, second), slot, slots)
     padded_radial, padded_harmonics = d.padded(radial, harmonics, rows, n_atoms, slots)
     raw = mean = inverse_std = None
     if eps is not None:

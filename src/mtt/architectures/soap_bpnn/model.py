@@ -125,12 +125,15 @@ class SoapBpnn(Model):
         """
         if not self.uses_flat_batches():
             return self.soap.precompute(system, derivatives)
-        types, first, second, vectors = self.soap._pairs([system])
         eps = self.networks[0][0].eps if self.layernorm else None
+        if not derivatives:
+            features = self.soap.precompute(system, False)["mtt::soap_features"].block().values
+            if eps is not None:
+                features = torch.nn.functional.layer_norm(features, features.shape[1:], eps=eps)
+            return {"mtt::soap_inputs": as_tensormap(features)}
+        types, first, second, vectors = self.soap._pairs([system])
         with torch.no_grad():
             kept = kept_inputs(self.soap, types, first, second, vectors, eps)
-        if not derivatives:
-            kept = {"inputs": kept["inputs"]}
         return {f"mtt::soap_{name}": as_tensormap(values) for name, values in kept.items()}
 
     @torch.jit.unused

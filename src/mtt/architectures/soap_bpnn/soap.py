@@ -313,30 +313,31 @@ class SoapPowerSpectrum(torch.nn.Module):
         (both directions of every pair, l) among (atom, l, type, slot), and the number of
         slots.
         """
-        slot = self.slot_in_group(species, first, second)
+        centers, neighbor_types = self.directed_pairs(species, first, second)
+        slot = self.slot_in_group(centers, neighbor_types, len(species))
         slots = int(slot.max()) + 1 if len(first) > 0 else 1
-        return self.slot_rows(species, first, second, slot, slots), slots
+        return self.slot_rows(centers, neighbor_types, slot, slots), slots
 
-    def slot_in_group(self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-        """Each directed pair's (both directions of every pair) slot among the neighbours of
-        its central atom of the same type: a structure's own, whatever batch it is in."""
-        n_types = self.n_types
-        centers = torch.cat([first, second])
-        groups = centers * n_types + torch.cat([species[second], species[first]])
-        counts = torch.bincount(groups, minlength=len(species) * n_types)
+    def directed_pairs(
+        self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Both directions of every pair: each one's central atom and neighbour type."""
+        return torch.cat([first, second]), torch.cat([species[second], species[first]])
+
+    def slot_in_group(self, centers: torch.Tensor, neighbor_types: torch.Tensor, n_atoms: int) -> torch.Tensor:
+        """Each directed pair's slot among the neighbours of its central atom of the same
+        type: a structure's own, whatever batch it is in."""
+        groups = centers * self.n_types + neighbor_types
+        counts = torch.bincount(groups, minlength=n_atoms * self.n_types)
         order = torch.argsort(groups, stable=True)
         start = torch.cumsum(counts, 0) - counts
         slot = torch.empty_like(groups)
         slot[order] = torch.arange(len(groups), device=groups.device) - start[groups[order]]
         return slot
 
-    def slot_rows(
-        self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor, slot: torch.Tensor, slots: int
-    ) -> torch.Tensor:
+    def slot_rows(self, centers: torch.Tensor, neighbor_types: torch.Tensor, slot: torch.Tensor, slots: int) -> torch.Tensor:
         """The padded row (atom, l, type, slot) of each directed pair and l."""
         size = self.max_angular + 1
-        centers = torch.cat([first, second])
-        neighbor_types = torch.cat([species[second], species[first]])
         l_values = torch.arange(size, device=centers.device)[None, :]
         batch = (centers[:, None] * size + l_values) * self.n_types + neighbor_types[:, None]  # (atom, l, type)
         return (batch * slots + slot[:, None]).reshape(-1)
