@@ -78,16 +78,21 @@ def _reference_harmonics(unit: np.ndarray, max_angular: int) -> np.ndarray:
     return result
 
 
+def _sphere_points(max_angular: int) -> np.ndarray:
+    """Enough random directions to fit the harmonics' polynomials exactly."""
+    points = np.random.default_rng(0).normal(size=(40 * (max_angular + 1) ** 2 + 200, 3))
+    return points / np.linalg.norm(points, axis=1, keepdims=True)
+
+
 def harmonics_as_polynomials(max_angular: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exponents (monomials, 3) and coefficients (monomials, (L+1)(2L+1)) of the harmonics.
 
     Y_l^m is a homogeneous polynomial of degree l in the unit vector; its coefficients on the
     monomials of that degree are unique, so a least-squares fit on many directions finds
-    them exactly (to rounding, checked here).
+    them exactly (to rounding, checked here). Columns: l (2L + 1) + L + m, the m of each l
+    centred in its 2L + 1 columns (zero where |m| > l).
     """
-    rng = np.random.default_rng(0)
-    points = rng.normal(size=(40 * (max_angular + 1) ** 2 + 200, 3))
-    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    points = _sphere_points(max_angular)
     reference = _reference_harmonics(points, max_angular)
     exponents = []
     coefficients = np.zeros((0, (max_angular + 1) * (2 * max_angular + 1)))
@@ -100,11 +105,45 @@ def harmonics_as_polynomials(max_angular: int) -> tuple[torch.Tensor, torch.Tens
         if np.abs(monomials @ fitted - target).max() > 1e-10:
             raise ArithmeticError(f"spherical harmonics of l={l} are not fitted exactly by monomials")
         fitted[np.abs(fitted) < 1e-13] = 0.0
-        start = l * (2 * max_angular + 1)
+        start = l * (2 * max_angular + 1) + max_angular - l
         block[:, start : start + 2 * l + 1] = fitted
         exponents += degree
         coefficients = np.concatenate([coefficients, block])
     return torch.tensor(exponents, dtype=torch.long), torch.tensor(coefficients)
+
+
+def harmonics_as_products(max_angular: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The harmonics as products of a polynomial in x and y and one in z, on the sphere.
+
+    Y_l^m = Q_l^|m|(z) A_m(x, y), where A_m is the real (m >= 0) or imaginary (m < 0) part
+    of (x + i y)^|m| and Q a polynomial of degree l - |m|. Returns the coefficients of A on
+    the monomials x^a y^b ((L+1)^2, 2L + 1 columns L + m) and of Q on the powers of z
+    (L + 1, (L+1)(2L+1) columns as :func:`harmonics_as_polynomials`): two small products
+    instead of one over all (L+1)(L+2)(L+3)/6 monomials of degree up to L, of which each
+    harmonic uses few.
+    """
+    size, width = max_angular + 1, 2 * max_angular + 1
+    xy = np.zeros((size, size, width))  # [a, b, L + m]: coefficient of x^a y^b in A_m
+    for m in range(size):
+        for k in range(m + 1):  # (x + i y)^m = sum_k C(m, k) x^(m-k) (i y)^k
+            part = math.comb(m, k) * (-1) ** (k // 2)
+            xy[m - k, k, max_angular + (m if k % 2 == 0 else -m)] += part
+    points = _sphere_points(max_angular)
+    x_powers, y_powers, z_powers = (points[:, axis, None] ** np.arange(size) for axis in range(3))
+    along_xy = np.einsum("pa,pb,abc->pc", x_powers, y_powers, xy.reshape(size, size, width))
+    reference = _reference_harmonics(points, max_angular)
+    z = np.zeros((size, size * width))
+    for l in range(size):
+        for m in range(-l, l + 1):
+            column = max_angular + m
+            design = z_powers[:, : l - abs(m) + 1] * along_xy[:, column, None]
+            target = reference[:, l, l + m]
+            fitted, *_ = np.linalg.lstsq(design, target, rcond=None)
+            if np.abs(design @ fitted - target).max() > 1e-10:
+                raise ArithmeticError(f"Y_{l}^{m} is not a polynomial in z times A_{m}(x, y)")
+            fitted[np.abs(fitted) < 1e-13] = 0.0
+            z[: len(fitted), l * width + column] = fitted
+    return torch.tensor(xy.reshape(size * size, width)), torch.tensor(z)
 
 
 # -- radial integrals tabulated from featomic ----------------------------------------------
@@ -189,6 +228,7 @@ class SoapPowerSpectrum(torch.nn.Module):
         hypers = featomic_hypers(radius, width, max_angular, max_radial, gaussian_width)
         cubic, self_term, spacing = tabulate_radial(hypers)
         exponents, coefficients = harmonics_as_polynomials(max_angular)
+        xy_coefficients, z_coefficients = harmonics_as_products(max_angular)
         n_types = len(atomic_types)
         type_to_index = torch.full((max(atomic_types) + 1,), -1, dtype=torch.long)
         type_to_index[torch.tensor(atomic_types)] = torch.arange(n_types)
@@ -210,6 +250,8 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.register_buffer("self_term", self_term, persistent=False)
         self.register_buffer("exponents", exponents, persistent=False)
         self.register_buffer("harmonic_coefficients", coefficients, persistent=False)
+        self.register_buffer("xy_coefficients", xy_coefficients, persistent=False)
+        self.register_buffer("z_coefficients", z_coefficients, persistent=False)
         self.register_buffer("type_to_index", type_to_index, persistent=False)
         # where each feature (pair, l, n1, n2) sits among the (l, a, n1, b, n2) products
         n = max_radial + 1
@@ -278,16 +320,25 @@ class SoapPowerSpectrum(torch.nn.Module):
         # pair on a 100-atom carbon cell, 2 % on an ethanol molecule (energy and forces)
         cubic = self.radial_cubic.to(dtype).index_select(0, interval)
         radial = cubic[:, 0] + t * (cubic[:, 1] + t * (cubic[:, 2] + t * cubic[:, 3]))
-        # angular part: the harmonics as polynomials of the unit vector
-        unit = vectors / distances[:, None]
-        return radial, self.monomials(unit) @ self.harmonic_coefficients.to(dtype)
+        # angular part: the harmonics as products of polynomials in (x, y) and in z of the
+        # unit vector (:func:`harmonics_as_products`)
+        powers = self.powers(vectors / distances[:, None])
+        n_pairs, size = len(vectors), self.max_angular + 1
+        along_xy = (powers[:, 0, :, None] * powers[:, 1, None, :]).reshape(n_pairs, size * size)
+        along_xy = along_xy @ self.xy_coefficients.to(dtype)
+        along_z = (powers[:, 2] @ self.z_coefficients.to(dtype)).reshape(n_pairs, size, -1)
+        return radial, (along_z * along_xy[:, None, :]).reshape(n_pairs, -1)
 
-    def monomials(self, unit: torch.Tensor) -> torch.Tensor:
-        """Every monomial of degree 0 to L of the unit vectors, (pairs, monomials)."""
+    def powers(self, unit: torch.Tensor) -> torch.Tensor:
+        """The powers 0 to L of the unit vectors' components, (pairs, xyz, power)."""
         power_list = [torch.ones_like(unit)]
         for _ in range(self.max_angular):
             power_list.append(power_list[-1] * unit)
-        powers = torch.stack(power_list, dim=2)  # (pairs, xyz, power)
+        return torch.stack(power_list, dim=2)
+
+    def monomials(self, unit: torch.Tensor) -> torch.Tensor:
+        """Every monomial of degree 0 to L of the unit vectors, (pairs, monomials)."""
+        powers = self.powers(unit)
         return (
             powers[:, 0].index_select(1, self.exponents[:, 0])
             * powers[:, 1].index_select(1, self.exponents[:, 1])
@@ -369,9 +420,10 @@ class SoapPowerSpectrum(torch.nn.Module):
         width = 2 * self.max_angular + 1
         expansion = torch.bmm(padded_radial.transpose(1, 2), padded_harmonics)
         expansion = expansion.reshape(n_atoms, -1)
-        own = self.self_term.to(expansion.dtype) * self.harmonic_coefficients[0, 0].to(expansion.dtype)  # Y_0^0
+        l0_m0 = self.max_angular  # Y_0^0's column
+        own = self.self_term.to(expansion.dtype) * self.harmonic_coefficients[0, l0_m0].to(expansion.dtype)
         n = torch.arange(self.n_radial, device=species.device)
-        columns = ((species * self.n_radial)[:, None] + n) * width  # (atom, l = 0, type, n, m = 0)
+        columns = ((species * self.n_radial)[:, None] + n) * width + l0_m0  # (atom, l = 0, type, n, m = 0)
         expansion = expansion.scatter_add(1, columns, own.expand(n_atoms, self.n_radial))
         return expansion.reshape(n_atoms * (self.max_angular + 1) * self.n_types, self.n_radial * width)
 
