@@ -21,6 +21,7 @@ from ..outputs import LOGGER, MetricsCsv, Progress, format_metrics
 from .cache import PrecomputedInputs
 from .hypers import TrainerHypers
 from .loss import Loss, Metrics, term_shares, terms_of
+from .optimizer import FusedAdam, LearningRateSchedule
 from .predictions import predict
 from .stopping import StopRequested, StopSignals
 
@@ -70,13 +71,14 @@ class Trainer:
         self.precomputed: PrecomputedInputs | None = None
 
     # -- hooks ---------------------------------------------------------------------------
-    def make_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        optimizer = torch.optim.AdamW if self.hypers.optimizer == "adamw" else torch.optim.Adam
-        return optimizer(
+    def make_optimizer(self, model: torch.nn.Module) -> FusedAdam:
+        """Adam or AdamW, one fused pass over the parameters per step (4x faster than
+        torch.optim's default on CPU); any optimiser with torch's interface will do."""
+        return FusedAdam(
             [p for p in model.parameters() if p.requires_grad],
             lr=self.hypers.learning_rate,
             weight_decay=self.hypers.weight_decay,
-            fused=True,  # one pass over the parameters: 4x faster than the default on CPU
+            decoupled_weight_decay=self.hypers.optimizer == "adamw",
         )
 
     def make_schedule(self, total_steps: int) -> Callable[[int], float]:
@@ -179,9 +181,7 @@ class Trainer:
         steps_per_epoch = len(self.global_batches(len(train), 1))
         scheduler = None
         if optimizer is not None:
-            scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, self.make_schedule(hypers.num_epochs * steps_per_epoch)
-            )
+            scheduler = LearningRateSchedule(optimizer, self.make_schedule(hypers.num_epochs * steps_per_epoch))
             if state.optimizer_state is not None:
                 optimizer.load_state_dict(state.optimizer_state)
                 scheduler.load_state_dict(state.scheduler_state)
