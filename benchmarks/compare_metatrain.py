@@ -11,7 +11,9 @@ hyperparameters (metatrain's SOAP-BPNN defaults), batch 16, the same epochs and 
 float32, metatrain's default precision. The tools alternate, several times; the table gives
 medians with min and max, and mtt / metatrain ratios. Run it with nothing else on the machine.
 After each training of ethanol and carbon, the two exported models run ASE MD in turn,
-``--md-rounds`` times each (an ethanol molecule, and the carbon cell repeated to 100 atoms).
+``--md-rounds`` times each (an ethanol molecule, and the carbon cell repeated to 100 atoms),
+and so does a model that computes next to nothing: its rate is the calculator's own
+ceiling, the most any model's MD could reach in the same ASE calculator.
 
 Run r uses the seed 42 + r for both tools. The timings do not depend on it; the test errors
 do (each tool draws its own split and initial weights from it), so their min and max show
@@ -107,6 +109,39 @@ print(len(atoms), {steps} / (time.perf_counter() - start))
 """
 
 
+# The floor of an MD step: a metatomic model that computes next to nothing (a sum over the
+# same half neighbour list as mtt's) in the same calculator. What is left of a step is the
+# calculator's (neighbour list, unit conversions, ASE): no model can be faster than that.
+FLOOR_MODEL = """
+from typing import Dict, List, Optional
+import torch
+from metatensor.torch import Labels, TensorBlock, TensorMap
+from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput, NeighborListOptions, System
+
+class PairSum(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.neighbors = NeighborListOptions(cutoff=5.0, full_list=False, strict=True)
+
+    def requested_neighbor_lists(self) -> List[NeighborListOptions]:
+        return [self.neighbors]
+
+    def forward(self, systems: List[System], outputs: Dict[str, ModelOutput],
+                selected_atoms: Optional[Labels] = None) -> Dict[str, TensorMap]:
+        energies = [(s.get_neighbor_list(self.neighbors).values ** 2).sum().reshape(1, 1) for s in systems]
+        samples = Labels("system", torch.arange(len(systems), dtype=torch.int32).reshape(-1, 1))
+        block = TensorBlock(1e-3 * torch.cat(energies), samples, [], Labels("energy", torch.zeros((1, 1), dtype=torch.int32)))
+        return {"energy": TensorMap(Labels("_", torch.zeros((1, 1), dtype=torch.int32)), [block])}
+
+capabilities = ModelCapabilities(
+    outputs={"energy": ModelOutput(quantity="energy", unit="eV", sample_kind="system")},
+    atomic_types=list(range(1, 119)), interaction_range=5.0, length_unit="angstrom",
+    supported_devices=["cpu"], dtype="float32",
+)
+AtomisticModel(PairSum().eval(), ModelMetadata(), capabilities).save("model.pt")
+"""
+
+
 def setup_metatrain() -> None:
     if (VENV / "bin" / "mtt").exists():
         return
@@ -158,7 +193,7 @@ def run_tool(tool: str, dataset: str, epochs: int, seed: int, folder: Path) -> d
 
 
 def md_rate(tool: str, folder: Path, structure: Path, repeat: tuple, steps: int) -> float:
-    python = sys.executable if tool == "mtt" else str(VENV / "bin" / "python")
+    python = str(VENV / "bin" / "python") if tool == "metatrain" else sys.executable  # mtt, floor
     # metatrain's SOAP-BPNN registers its spherical-harmonics gradients from Python only
     preamble = "import sphericart.torch" if tool == "metatrain" else ""
     script = MD.format(preamble=preamble, structure=str(structure), repeat=repeat, steps=steps)
@@ -182,6 +217,10 @@ def main() -> None:
                   "carbon": ("MD carbon 100 atoms steps/s", (5, 5, 1), args.md_steps // 4)}
     results: dict[tuple, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        floor = Path(tmp) / "floor"
+        floor.mkdir()
+        (floor / "make_model.py").write_text(FLOOR_MODEL)  # TorchScript reads the source from a file
+        subprocess.run([sys.executable, "make_model.py"], cwd=floor, check=True, capture_output=True)
         for repeat in range(args.repeats):
             for dataset in args.datasets:
                 folders = {}
@@ -196,8 +235,10 @@ def main() -> None:
                     # short MD runs of the two models in alternation: the machine's slow
                     # phases last minutes, and would otherwise fall on one tool's run
                     name, repeat_cell, steps = md_systems[dataset]
+                    folders["floor"] = floor
                     for round_ in range(args.md_rounds):
-                        for tool in ("mtt", "metatrain") if round_ % 2 == 0 else ("metatrain", "mtt"):
+                        order = ("mtt", "metatrain", "floor") if round_ % 2 == 0 else ("floor", "metatrain", "mtt")
+                        for tool in order:
                             rate = md_rate(tool, folders[tool], DATA / DATASETS[dataset][0], repeat_cell, steps)
                             results.setdefault((dataset, name, tool), []).append(rate)
 
@@ -213,6 +254,11 @@ def main() -> None:
             cells = [f"{statistics.median(v):9.3f} [{min(v):.3f}-{max(v):.3f}]" for v in (ours, theirs)]
             ratio = statistics.median(ours) / statistics.median(theirs)
             print(f"{dataset:8s} {name:28s} {cells[0]:>24s} {cells[1]:>24s} {ratio:14.2f}")
+    for (dataset, name, tool), rates in results.items():
+        if tool == "floor":  # what a model that costs nothing would reach
+            ceiling = statistics.median(rates) / statistics.median(results[(dataset, name, "metatrain")])
+            print(f"{dataset:8s} {name + ', floor':28s} {statistics.median(rates):9.3f} [{min(rates):.3f}-"
+                  f"{max(rates):.3f}]{'':>25s} {ceiling:14.2f}   (a model that computes nothing)")
 
 
 if __name__ == "__main__":
