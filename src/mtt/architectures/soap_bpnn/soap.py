@@ -442,9 +442,11 @@ class SoapPowerSpectrum(torch.nn.Module):
     def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
         """One structure's features, kept by the trainer when no derivative is trained.
 
-        With forces or stress, nothing is kept: the derivatives of the expansion with
+        With forces or stress this keeps nothing: the derivatives of the expansion with
         respect to the pair vectors take 3 x (L+1)^2 x N numbers per pair, and reading
-        them back at every step was measured slower than recomputing the expansion.
+        them back at every step was measured slower than recomputing the expansion. The
+        flat batches of SOAP-BPNN keep the pairs' parts instead (``kept_inputs`` of
+        :mod:`.derivatives`), about 480 numbers per pair.
         """
         if derivatives:
             return {}
