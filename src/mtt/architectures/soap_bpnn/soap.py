@@ -264,13 +264,8 @@ class SoapPowerSpectrum(torch.nn.Module):
                         weights.append(pair_factor[p] * coupling[l])
         self.register_buffer("feature_positions", torch.tensor(positions), persistent=False)
         self.register_buffer("feature_weights", torch.tensor(weights, dtype=torch.float64), persistent=False)
-        # for the hand-written derivatives of .derivatives: each product's feature (or the
-        # zero one past the last, for products that are none), the harmonics with their
+        # for the hand-written derivatives of .derivatives: the harmonics with their
         # polynomials' gradient, l and (-1)^l per column
-        n_products = n_types**2 * (max_angular + 1) * n**2
-        feature_of_product = torch.full((n_products,), len(positions), dtype=torch.long)
-        feature_of_product[torch.tensor(positions)] = torch.arange(len(positions))
-        self.register_buffer("feature_of_product", feature_of_product, persistent=False)
         both = torch.cat([coefficients, harmonic_gradient_coefficients(exponents, coefficients)], dim=1)
         self.register_buffer("harmonics_and_gradient", both, persistent=False)
         degree = torch.arange(max_angular + 1, dtype=torch.float64).repeat_interleave(2 * max_angular + 1)
