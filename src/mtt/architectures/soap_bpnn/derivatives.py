@@ -293,7 +293,14 @@ def _feature_jvp(saved: _Saved, direction: torch.Tensor) -> torch.Tensor:
     )
     d_blocks = d_expansion.reshape(saved.blocks.shape)
     half = torch.bmm(d_blocks, saved.blocks.transpose(1, 2))
-    # d products = half + half^T: one sum, then one gather (two gathers took 1.5 to 6x longer)
-    d_products = (half + half.transpose(1, 2)).reshape(saved.n_atoms, -1)
-    d_features = d_products.index_select(1, d.feature_positions)
+    # d products = half + half^T, needed only in the blocks a <= b that are features: one
+    # sum per pair of types, in featomic's order (a sum of the whole matrices and a gather
+    # of single columns took about 1 % longer per ethanol step)
+    size, n_types, n = d.max_angular + 1, d.n_types, d.n_radial
+    half = half.view(saved.n_atoms, size, n_types, n, n_types, n)
+    per_pair = []
+    for a in range(n_types):
+        for b in range(a, n_types):
+            per_pair.append(half[:, :, a, :, b, :] + half[:, :, b, :, a, :].transpose(-1, -2))
+    d_features = torch.stack(per_pair, dim=1).reshape(saved.n_atoms, -1)
     return _normalize_jacobian(saved, d_features, d.feature_weights.to(dtype))
