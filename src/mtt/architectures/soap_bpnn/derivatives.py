@@ -240,11 +240,8 @@ def _scatter_to_products(saved: _Saved, grad_features: torch.Tensor) -> torch.Te
     weighted = _normalize_jacobian(saved, grad_features, None) * d.feature_weights.to(grad_features.dtype)
     per_pair = weighted.view(n_atoms, -1, size, n, n)  # (atom, pair, l, n1, n2), featomic's order
     products = torch.zeros((n_atoms, size, n_types, n, n_types, n), dtype=weighted.dtype, device=weighted.device)
-    pair = 0
-    for a in range(n_types):
-        for b in range(a, n_types):
-            products[:, :, a, :, b, :] = per_pair[:, pair]
-            pair += 1
+    for pair, (a, b) in enumerate(d.type_pairs):
+        products[:, :, a, :, b, :] = per_pair[:, pair]
     return products.view(-1, n_types * n, n_types * n)
 
 
@@ -298,9 +295,6 @@ def _feature_jvp(saved: _Saved, direction: torch.Tensor) -> torch.Tensor:
     # of single columns took about 1 % longer per ethanol step)
     size, n_types, n = d.max_angular + 1, d.n_types, d.n_radial
     half = half.view(saved.n_atoms, size, n_types, n, n_types, n)
-    per_pair = []
-    for a in range(n_types):
-        for b in range(a, n_types):
-            per_pair.append(half[:, :, a, :, b, :] + half[:, :, b, :, a, :].transpose(-1, -2))
+    per_pair = [half[:, :, a, :, b, :] + half[:, :, b, :, a, :].transpose(-1, -2) for a, b in d.type_pairs]
     d_features = torch.stack(per_pair, dim=1).reshape(saved.n_atoms, -1)
     return _normalize_jacobian(saved, d_features, d.feature_weights.to(dtype))

@@ -130,7 +130,7 @@ def harmonics_as_products(max_angular: int) -> tuple[torch.Tensor, torch.Tensor]
             xy[m - k, k, max_angular + (m if k % 2 == 0 else -m)] += part
     points = _sphere_points(max_angular)
     x_powers, y_powers, z_powers = (points[:, axis, None] ** np.arange(size) for axis in range(3))
-    along_xy = np.einsum("pa,pb,abc->pc", x_powers, y_powers, xy.reshape(size, size, width))
+    along_xy = np.einsum("pa,pb,abc->pc", x_powers, y_powers, xy)
     reference = _reference_harmonics(points, max_angular)
     z = np.zeros((size, size * width))
     for l in range(size):
@@ -244,6 +244,7 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.max_angular = max_angular
         self.n_radial = max_radial + 1
         self.n_features = len(pairs) * (max_angular + 1) * (max_radial + 1) ** 2
+        self.type_pairs: List[Tuple[int, int]] = pairs  # the features' pairs of types, in order
         self.neighbor_list = NeighborListOptions(cutoff=radius, full_list=False, strict=True)
         # constants, rebuilt from the hyperparameters: not part of the checkpoints
         self.register_buffer("radial_cubic", cubic, persistent=False)
