@@ -16,8 +16,8 @@ import ase.units
 import numpy as np
 import pytest
 from ase.calculators.singlepoint import SinglePointCalculator
-
 from conftest import EMT_DATA, write_options
+
 from mtt.config import load_options
 from mtt.data.dataset import Splits, load_splits
 from mtt.errors import DataError, OptionsError
@@ -285,11 +285,11 @@ def test_batches_reuse_systems_and_their_derivatives_stay_right():
     import torch
 
     from mtt.architectures import load
-    from mtt.architectures.testing import emt_structures
-    from mtt.config.schema import parse_options
     from mtt.data.batching import compute_neighbor_lists, make_batch
     from mtt.data.dataset import DatasetInfo
     from mtt.data.readers import TargetInfo
+    from mtt.schema import parse_options
+    from mtt.testing import emt_structures
     from mtt.training.predictions import predict
 
     info = DatasetInfo([29, 78, 79], {"energy": TargetInfo("energy", "energy", "eV", True, True)})

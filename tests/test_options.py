@@ -11,8 +11,8 @@ from pathlib import Path
 import ase.io
 import pytest
 import yaml
-
 from conftest import EMT_DATA, run_mtt, write_options
+
 from mtt.architectures.composition import CompositionHypers
 from mtt.architectures.soap_bpnn.hypers import SoapBpnnHypers
 from mtt.config import load_options

@@ -12,11 +12,11 @@ import os
 import torch
 
 from mtt.architectures import load
-from mtt.architectures.testing import emt_structures
-from mtt.config.schema import parse_options
 from mtt.data.batching import compute_neighbor_lists, make_batch
 from mtt.data.dataset import DatasetInfo
 from mtt.data.readers import TargetInfo
+from mtt.schema import parse_options
+from mtt.testing import emt_structures
 from mtt.training.predictions import predict
 
 EXPECTED_ENERGIES = [-0.8152860250190384, -0.637789139299326, -0.300583967332519]

@@ -33,6 +33,19 @@ class OptionsError(MttError):
     kind = "invalid options"
 
 
+class OptionsProblems(OptionsError):
+    """Several problems in the options, reported together in one message."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        count = len(self.problems)
+        super().__init__(
+            f"{count} problem{'s' if count > 1 else ''} in the options:\n"
+            + "\n".join(f"  - {p}" for p in self.problems),
+            hint="Fix these in the options file or in the command-line overrides.",
+        )
+
+
 class DataError(MttError):
     """A dataset file is missing, malformed or inconsistent with the options."""
 

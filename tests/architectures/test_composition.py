@@ -1,4 +1,4 @@
-from mtt.architectures.testing import ArchitectureTests
+from mtt.testing import ArchitectureTests
 
 
 class TestComposition(ArchitectureTests):

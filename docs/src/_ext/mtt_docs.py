@@ -3,7 +3,7 @@
 - ``.. mtt-options-reference::`` every option of the options file, read from the option
   dataclasses (``mtt.config.options.RunOptions``, the Trainer's ``TrainerHypers``, the
   dataset blocks), with its type, default and the ``doc`` stored by
-  :func:`mtt.config.schema.option`;
+  :func:`mtt.schema.option`;
 - ``.. mtt-architecture-hypers:: NAME`` the model hyperparameters of one architecture;
 - ``.. mtt-cli::`` the command-line reference, read from ``mtt.__main__.build_parser()``;
 - ``.. mtt-failure:: mtt train options.yaml ...`` runs ``mtt`` on the files given in its
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import io
 import os
 import re
@@ -30,7 +29,7 @@ import tempfile
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterator, Literal, Union
+from typing import Any, Iterator, Union
 
 import yaml
 
@@ -91,7 +90,7 @@ def format_default(field: dataclasses.Field) -> tuple[str, bool]:
 
 
 def format_type(annotation: Any, overrides: dict[str, str], key: str) -> str:
-    from mtt.config.schema import describe_type
+    from mtt.schema import describe_type
 
     if key in overrides:
         return overrides[key]
@@ -292,7 +291,7 @@ def architecture_hypers(name: str) -> str:
 
 
 def _plain_defaults(cls: type) -> dict:
-    from mtt.config.schema import defaults_of
+    from mtt.schema import defaults_of
 
     return defaults_of(cls)
 

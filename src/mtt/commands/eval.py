@@ -12,8 +12,8 @@ import torch
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.data import chemical_symbols
 
-from ..config.loader import read_yaml
-from ..data.batching import batch_indices, compute_neighbor_lists, make_batch
+from ..config.files import read_yaml
+from ..data.batching import Batch, batch_indices, compute_neighbor_lists, make_batch
 from ..data.dataset import DatasetInfo
 from ..data.options import parse_dataset_list
 from ..data.readers import Structure, read_dataset
@@ -104,7 +104,10 @@ def evaluate(model_path: str, options_path: str, output: str, plots: bool, batch
         _evaluate_dataset(model, structures, reference, path, target_file, plots, batch_size)
 
 
-def _evaluate_dataset(model, structures, reference, path, target_file, plots, batch_size) -> None:
+def _evaluate_dataset(
+    model: EvaluatedModel, structures: list[Structure], reference: DatasetInfo, path: Path, target_file: Path,
+    plots: bool, batch_size: int,
+) -> None:
     info = model.info(periodic=all(bool(s.pbc.all()) for s in structures))
     compute_neighbor_lists(structures, model.requested_neighbor_lists())
     needs_forces = any(t.forces for t in info.targets.values())
@@ -156,7 +159,7 @@ def _evaluate_dataset(model, structures, reference, path, target_file, plots, ba
             LOGGER.info("parity plot of %s written to %s", term.label, plot)
 
 
-def _flat(term: Term, values: torch.Tensor, batch) -> torch.Tensor:
+def _flat(term: Term, values: torch.Tensor, batch: Batch) -> torch.Tensor:
     values = values.detach().double().reshape(len(values), -1)
     if term.per_atom:
         values = values / batch.n_atoms[:, None]

@@ -4,14 +4,6 @@ This package is the only place that imports Hydra. It uses the Compose API insid
 own command line, so `mtt train options.yaml key=value` takes overrides in Hydra's grammar.
 """
 
+from .loader import ComposedOptions, load_options
+
 __all__ = ["ComposedOptions", "load_options"]
-
-
-def __getattr__(name: str):
-    # imported on first use: the option dataclasses (config.schema) are needed by modules
-    # that the loader itself imports, and Hydra is slow to import
-    if name in __all__:
-        from . import loader
-
-        return getattr(loader, name)
-    raise AttributeError(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from .schema import REQUIRED, option
+from ..schema import REQUIRED, option
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-from ..config.schema import REQUIRED, option, parse_options
+from ..schema import REQUIRED, option, parse_options
 
 
 @dataclass
@@ -74,9 +74,6 @@ class DatasetOptions:
 
     systems: SystemsOptions = option(REQUIRED, "The structures.")
     targets: dict[str, TargetOptions] = option({}, "The quantities to learn, by name.")
-
-
-SplitOptions = Union[float, list]
 
 
 def expand_short_forms(value: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
-from ..config.schema import option
+from ..schema import option
 
 
 @dataclass

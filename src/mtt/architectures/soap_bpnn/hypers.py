@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config.schema import option
+from ...schema import option
 
 
 @dataclass

@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from ..errors import OptionsError, did_you_mean
+from .errors import OptionsProblems, did_you_mean
 
 #: marks an option the user must give
 REQUIRED: Any = dataclasses.MISSING
@@ -64,11 +64,7 @@ def parse_options(cls: type, data: Any, path: str) -> Any:
     problems: list[str] = []
     result = _parse(cls, data, path, problems)
     if problems:
-        raise OptionsError(
-            f"{len(problems)} problem{'s' if len(problems) > 1 else ''} in the options:\n"
-            + "\n".join(f"  - {p}" for p in problems),
-            hint="Fix these in the options file or in the command-line overrides.",
-        )
+        raise OptionsProblems(problems)
     return result
 
 

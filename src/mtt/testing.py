@@ -3,7 +3,7 @@
 Subclass :class:`ArchitectureTests` in a pytest module and set ``name`` (and ``hypers``
 for non-default hyperparameters)::
 
-    from mtt.architectures.testing import ArchitectureTests
+    from mtt.testing import ArchitectureTests
 
     class TestMyArchitecture(ArchitectureTests):
         name = "my_architecture"
@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 import torch
 
-from ..config.schema import parse_options
-from ..data.batching import compute_neighbor_lists, make_batch
-from ..data.dataset import DatasetInfo
-from ..data.readers import Structure, TargetInfo
-from ..training.predictions import predict
-from . import load
+from .architectures import load
+from .data.batching import compute_neighbor_lists, make_batch
+from .data.dataset import DatasetInfo
+from .data.readers import Structure, TargetInfo
+from .schema import parse_options
+from .training.predictions import predict
 
 
 def emt_structures(count: int = 4, seed: int = 0) -> list[Structure]:
@@ -138,7 +138,7 @@ class ArchitectureTests:
 
     def test_precomputed_inputs_change_nothing(self, model, info):
         """What the trainer keeps from ``Model.precompute`` gives the same values and derivatives."""
-        from ..training.cache import PrecomputedInputs
+        from .training.cache import PrecomputedInputs
 
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
@@ -211,7 +211,7 @@ class ArchitectureTests:
         torch.testing.assert_close(block.values, atoms.values[rows])
 
     def test_export_runs_in_a_fresh_process(self, model, info, tmp_path: Path):
-        from ..checkpoint import export_model
+        from .export import export_model
 
         path = export_model(model, info, self.name, tmp_path / "model.pt")
         structure = emt_structures(1)[0]
