@@ -1,5 +1,5 @@
-"""Checkpoints (versioned, written atomically, loaded without running pickled code) and
-export to the metatomic format."""
+"""The checkpoint file format: versioned, written atomically, loaded without running pickled
+code, upgraded from older versions. What a checkpoint holds is :class:`mtt.training.state.TrainingState`'s."""
 
 from __future__ import annotations
 
@@ -79,65 +79,3 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     while content["version"] < VERSION:
         content = UPGRADES[content["version"]](content)
     return content
-
-
-def model_from_checkpoint(content: dict[str, Any], state: str = "best_model_state"):
-    """Rebuild the model of a checkpoint; returns (model, dataset info, architecture)."""
-    from . import architectures
-    from .config.schema import parse_options
-    from .data.dataset import DatasetInfo
-
-    architecture = architectures.load(content["architecture"])
-    info = DatasetInfo.from_dict(content["dataset_info"])
-    hypers = parse_options(architecture.hypers_class, content["model_hypers"], "architecture.model")
-    with architectures.blame_architecture(architecture):
-        model = architecture.model_class(hypers, info)
-    dtype = next(v.dtype for v in content[state].values() if v.is_floating_point())
-    model = model.to(dtype)
-    model.load_state_dict(content[state])
-    return model.eval(), info, architecture
-
-
-def atomistic_model(model: torch.nn.Module, info, name: str, authors: list[str] | None = None):
-    """Wrap ``model`` in metatomic's ``AtomisticModel``, declaring what it computes."""
-    from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
-
-    dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
-    model = model.to("cpu").eval()
-    outputs = {}
-    for target, output in zip(info.targets.values(), model.output_names):
-        outputs[output] = ModelOutput(
-            unit=target.unit,
-            sample_kind="system",
-            explicit_gradients=[],
-            description=target.description or f"{target.name}, trained with mtt",
-        )
-    capabilities = ModelCapabilities(
-        outputs=outputs,
-        atomic_types=list(info.atomic_types),
-        interaction_range=float(model.interaction_range()),
-        length_unit="angstrom",
-        supported_devices=["cpu", "cuda"],
-        dtype="float64" if dtype == torch.float64 else "float32",
-    )
-    metadata = ModelMetadata(
-        name=f"mtt {name}",
-        description=f"{name} model trained with mtt {__version__}",
-        authors=authors or [],
-    )
-    return AtomisticModel(model, metadata, capabilities)
-
-
-def export_model(model: torch.nn.Module, info, name: str, path: Path, authors: list[str] | None = None) -> Path:
-    """Save ``model`` as a metatomic model file; compiled extensions go next to it."""
-    exported = atomistic_model(model, info, name, authors)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        exported.save(str(temporary), collect_extensions=str(path.parent / "extensions"))
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
-    return path

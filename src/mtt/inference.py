@@ -10,12 +10,15 @@ import zipfile
 from pathlib import Path
 
 import torch
-from metatomic.torch import ModelEvaluationOptions, ModelOutput
+from metatensor.torch import TensorMap
+from metatomic.torch import AtomisticModel, ModelEvaluationOptions, ModelOutput, NeighborListOptions, System
 
-from .checkpoint import atomistic_model, is_exported_model, load_checkpoint, model_from_checkpoint
+from .checkpoint import is_exported_model
 from .data.dataset import DatasetInfo
 from .data.readers import TargetInfo
 from .errors import CheckpointError
+from .export import atomistic_model, model_from_state
+from .training.state import TrainingState
 
 ENERGY_UNITS = ("eV", "meV", "Hartree", "kcal/mol", "kJ/mol", "Ry")
 
@@ -23,7 +26,7 @@ ENERGY_UNITS = ("eV", "meV", "Hartree", "kcal/mol", "kJ/mol", "Ry")
 class EvaluatedModel:
     """An ``AtomisticModel`` behind the interface the training code predicts with."""
 
-    def __init__(self, atomistic, source: Path):
+    def __init__(self, atomistic: AtomisticModel, source: Path):
         self.atomistic = atomistic.eval()
         self.source = source
         capabilities = atomistic.capabilities()
@@ -48,10 +51,10 @@ class EvaluatedModel:
         }
         return DatasetInfo(atomic_types=self.atomic_types, targets=targets)
 
-    def requested_neighbor_lists(self):
+    def requested_neighbor_lists(self) -> list[NeighborListOptions]:
         return self.atomistic.requested_neighbor_lists()
 
-    def __call__(self, systems, outputs: dict[str, ModelOutput]):
+    def __call__(self, systems: list[System], outputs: dict[str, ModelOutput]) -> dict[str, TensorMap]:
         options = ModelEvaluationOptions(length_unit="angstrom", outputs=outputs)
         return self.atomistic(systems, options, check_consistency=False)
 
@@ -67,7 +70,7 @@ def load_trained_model(path: str | Path) -> EvaluatedModel:
             hint="Give the model.pt written by `mtt train` or `mtt export`, or a .ckpt file.",
         )
     if not is_exported_model(path):
-        model, info, architecture = model_from_checkpoint(load_checkpoint(path))
+        model, info, architecture = model_from_state(TrainingState.load(path))
         return EvaluatedModel(atomistic_model(model, info, architecture.name), path)
 
     from metatomic.torch import load_atomistic_model

@@ -5,17 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import architectures
-from ..checkpoint import export_model, load_checkpoint, model_from_checkpoint
+from ..export import export_model, model_from_state
 from ..outputs import LOGGER, setup_logging
+from ..training.state import TrainingState
 
 
 def export(checkpoint_path: str, output: str) -> None:
     setup_logging(None)
-    content = load_checkpoint(checkpoint_path)
-    model, info, architecture = model_from_checkpoint(content)
+    state = TrainingState.load(checkpoint_path)
+    model, info, architecture = model_from_state(state)
     with architectures.blame_architecture(architecture):  # TorchScript compiles its code
         path = export_model(model, info, architecture.name, Path(output))
     LOGGER.info(
         "exported the %s model of %s (epoch %d, best by validation) to %s, extensions in %s",
-        architecture.name, checkpoint_path, content["epoch"], path, path.parent / "extensions",
+        architecture.name, checkpoint_path, state.epoch, path, path.parent / "extensions",
     )

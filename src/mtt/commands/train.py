@@ -3,6 +3,8 @@ Trainer -> checkpoint -> export."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import resource
 import shutil
 from pathlib import Path
@@ -10,20 +12,24 @@ from pathlib import Path
 import torch
 
 from .. import architectures, distributed
-from ..checkpoint import export_model, load_checkpoint, save_checkpoint
-from ..config import load_options
-from ..config.schema import to_plain
+from ..config import ComposedOptions, load_options
 from ..data.batching import compute_neighbor_lists
-from ..data.dataset import DatasetInfo, load_splits
+from ..data.dataset import DatasetInfo, Splits, load_splits
 from ..errors import CheckpointError
+from ..export import export_model
 from ..outputs import LOGGER, format_metrics, new_run_folder, setup_logging
+from ..schema import to_plain
 from ..training.composition import fit_baseline
-from ..training.trainer import Trainer, TrainingState
+from ..training.state import RunIdentity, TrainingState
+from ..training.trainer import Trainer
 from .restart import find_latest_checkpoint
 
+if TYPE_CHECKING:
+    from ..__main__ import RunContext
 
-def _restart_from(restart: str | None):
-    """The checkpoint to continue from, and its path (None, None for a new run)."""
+
+def _restart_from(restart: str | None) -> tuple[TrainingState | None, Path | str | None]:
+    """The state to continue from, and its checkpoint's path (None, None for a new run)."""
     if restart is None:
         return None, None
     if restart == "auto":
@@ -31,11 +37,11 @@ def _restart_from(restart: str | None):
         if found is None:
             LOGGER.info("--restart auto: no checkpoint under outputs/, starting from scratch")
             return None, None
-        return load_checkpoint(found), found
-    return load_checkpoint(restart), restart
+        return TrainingState.load(found), found
+    return TrainingState.load(restart), restart
 
 
-def _write_run_files(folder: Path, options, splits) -> None:
+def _write_run_files(folder: Path, options: ComposedOptions, splits: Splits) -> None:
     (folder / "options.yaml").write_text(options.to_yaml())
     indices = folder / "indices"
     indices.mkdir()
@@ -43,7 +49,7 @@ def _write_run_files(folder: Path, options, splits) -> None:
         (indices / f"{name}.txt").write_text("".join(f"{path}\t{i}\n" for path, i in origins))
 
 
-def train(options_path: str, overrides: list[str], output: str, restart: str | None, context) -> None:
+def train(options_path: str, overrides: list[str], output: str, restart: str | None, context: RunContext) -> None:
     setup_logging(None)
     options = load_options(options_path, overrides)
     run = options.run
@@ -55,10 +61,10 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
     setup_logging(None, verbose=main)
     dtype = torch.float64 if run.base_precision == 64 else torch.float32
 
-    checkpoint, restart_path = _restart_from(restart)
-    if checkpoint is not None and checkpoint["architecture"] != run.architecture.name:
+    restarted, restart_path = _restart_from(restart)
+    if restarted is not None and restarted.identity.architecture != run.architecture.name:
         raise CheckpointError(
-            f"the checkpoint is of architecture '{checkpoint['architecture']}', but the options "
+            f"the checkpoint is of architecture '{restarted.identity.architecture}', but the options "
             f"ask for '{run.architecture.name}'.",
             hint="Restart with the options of that run (options.yaml in its run folder).",
         )
@@ -66,8 +72,8 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
     torch.manual_seed(run.seed)
     splits = load_splits(options.raw, Path(options_path).parent, run.seed)
     info = splits.info
-    if checkpoint is not None:
-        saved = DatasetInfo.from_dict(checkpoint["dataset_info"])
+    if restarted is not None:
+        saved = DatasetInfo.from_dict(restarted.identity.dataset_info)
         if saved.to_dict() != info.to_dict():
             raise CheckpointError(
                 "the checkpoint was trained on other elements or targets than these options give "
@@ -99,47 +105,23 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
 
     trainer = Trainer(options.trainer_hypers, architecture, info, environment, dtype, run.seed)
     hypers = options.trainer_hypers
-    if checkpoint is None:
-        state = TrainingState()
+    identity = RunIdentity(architecture.name, to_plain(options.model_hypers), info.to_dict(), options.raw)
+    if restarted is None:
+        state = TrainingState(identity)
         state.spreads = fit_baseline(
             model, splits.train, info, trainer.terms, hypers.fixed_composition_weights, hypers.scale_targets
         )
         environment.broadcast_module(model)
     else:
-        model.load_state_dict(checkpoint["model_state"])
-        state = TrainingState(
-            epoch=checkpoint["epoch"],
-            batches_done=checkpoint.get("batches_done", 0),
-            partial_train_metrics=checkpoint.get("partial_train_metrics"),
-            best_figure=checkpoint["best_figure"],
-            best_model_state=checkpoint["best_model_state"],
-            optimizer_state=checkpoint["optimizer_state"],
-            scheduler_state=checkpoint["scheduler_state"],
-            spreads=checkpoint["spreads"],
-        )
+        model.load_state_dict(restarted.model_state)
+        state = restarted
+        state.identity = identity
         where = f"epoch {state.epoch}" + (f", step {state.batches_done} of epoch {state.epoch + 1}" if state.batches_done else "")
         LOGGER.info("continuing after %s from %s", where, restart_path)
 
-    def save(path: Path, state: TrainingState) -> None:
-        save_checkpoint(path, {
-            "architecture": architecture.name,
-            "model_hypers": to_plain(options.model_hypers),
-            "dataset_info": info.to_dict(),
-            "options": options.raw,
-            "epoch": state.epoch,
-            "batches_done": state.batches_done,
-            "partial_train_metrics": state.partial_train_metrics,
-            "model_state": model.state_dict(),
-            "best_figure": state.best_figure,
-            "best_model_state": state.best_model_state,
-            "optimizer_state": state.optimizer_state,
-            "scheduler_state": state.scheduler_state,
-            "spreads": state.spreads,
-        })
-
-    state = trainer.fit(model, splits.train, splits.validation, state, folder, save)
+    state = trainer.fit(model, splits.train, splits.validation, state, folder)
     if main:
-        save(folder / "model.ckpt", state)
+        state.save(folder / "model.ckpt", model)
 
     model.load_state_dict(state.best_model_state)
     if splits.test:

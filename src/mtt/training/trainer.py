@@ -5,14 +5,13 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from ..architectures import Architecture, blame_architecture
-from ..data.batching import batch_indices, make_batch
+from ..data.batching import Batch, batch_indices, make_batch
 from ..data.dataset import DatasetInfo
 from ..data.readers import Structure
 from ..distributed import DistributedEnvironment, share
@@ -23,12 +22,13 @@ from .hypers import TrainerHypers
 from .loss import Loss, Metrics, term_shares, terms_of
 from .optimizer import FusedAdam, LearningRateSchedule
 from .predictions import predict
+from .state import TrainingState
 from .stopping import StopRequested, StopSignals
 
 
 def _snapshot(model: torch.nn.Module) -> dict:
-    """A copy of the model's state that later steps leave alone: its tensors cloned
-    (5x faster than deep-copying the state dict, 1 ms of a 30 ms QM9 epoch)."""
+    """A copy of the model's state that later steps leave alone: its tensors cloned,
+    which is much cheaper than deep-copying the state dict."""
     state = model.state_dict()
     snapshot = type(state)(
         (name, value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value))
@@ -38,27 +38,11 @@ def _snapshot(model: torch.nn.Module) -> dict:
     return snapshot
 
 
-@dataclass
-class TrainingState:
-    """What a checkpoint needs to continue training exactly where it stopped."""
-
-    epoch: int = 0  # last completed epoch
-    batches_done: int = 0  # batches of epoch + 1 already done (a run stopped by a signal)
-    partial_train_metrics: torch.Tensor | None = None
-    best_figure: float = math.inf
-    best_model_state: dict | None = None
-    optimizer_state: dict | None = None
-    scheduler_state: dict | None = None
-    spreads: dict[str, float] = field(default_factory=dict)
-
-
 class Trainer:
     """Optimises a model on the training set, validating after every epoch.
 
     ``batch_size`` is per rank: with N ranks each optimisation step sees N times as many
     structures, split contiguously from the same shuffled order a single process uses.
-    An architecture that truly needs another optimiser subclasses this and overrides
-    :meth:`make_optimizer`; the loop itself is the same for everyone.
     """
 
     def __init__(
@@ -82,10 +66,9 @@ class Trainer:
         self.needs_stress = any(t.stress for t in info.targets.values())
         self.precomputed: PrecomputedInputs | None = None
 
-    # -- hooks ---------------------------------------------------------------------------
+    # -- optimiser and learning rate ----------------------------------------------------
     def make_optimizer(self, model: torch.nn.Module) -> FusedAdam:
-        """Adam or AdamW, one fused pass over the parameters per step (4x faster than
-        torch.optim's default on CPU); any optimiser with torch's interface will do."""
+        """Adam or AdamW, one fused pass over the parameters per step (:mod:`.optimizer`)."""
         return FusedAdam(
             [p for p in model.parameters() if p.requires_grad],
             lr=self.hypers.learning_rate,
@@ -108,7 +91,7 @@ class Trainer:
         return factor
 
     # -- pieces of the loop --------------------------------------------------------------
-    def batch(self, structures: list[Structure]):
+    def batch(self, structures: list[Structure]) -> Batch:
         """Flat batches for models that take them (faster), else one system per structure."""
         kept = self.precomputed
         return make_batch(
@@ -138,7 +121,18 @@ class Trainer:
         metrics.load_tensor(self.environment.all_reduce_sum(metrics.as_tensor()))
         return metrics
 
-    def _step(self, model, loss, optimizer, scheduler, parameters, structures, indices, epoch, metrics):
+    def _step(
+        self,
+        model: torch.nn.Module,
+        loss: Loss,
+        optimizer: FusedAdam | None,
+        scheduler: LearningRateSchedule | None,
+        parameters: list[torch.Tensor],
+        structures: list[Structure],
+        indices: list[int],
+        epoch: int,
+        metrics: Metrics,
+    ) -> None:
         """One optimisation step on this rank's part of a global batch."""
         environment = self.environment
         mine = share(indices, environment.rank, environment.world_size)
@@ -169,6 +163,19 @@ class Trainer:
         if mine:
             metrics.update(predictions, batch, float(value.detach()))
 
+    def _stop(self, model: torch.nn.Module, state: TrainingState, signals: StopSignals, path: Path, when: str) -> None:
+        """Write the checkpoint of a run stopped by a signal, on rank 0, and stop every rank
+        once it is written."""
+        cause = signals.received or "a signal to another rank"
+        if self.environment.is_main:
+            state.save(path, model)
+            LOGGER.info("stopped by %s %s; checkpoint written to %s", cause, when, path)
+        self.environment.barrier()
+        raise StopRequested(
+            f"training stopped on {cause} {when}; the checkpoint {path} holds it.",
+            hint="Continue with `mtt train <options> --restart auto` (or --restart with that file).",
+        )
+
     # -- the loop ------------------------------------------------------------------------
     def fit(
         self,
@@ -177,7 +184,6 @@ class Trainer:
         validation: list[Structure],
         state: TrainingState,
         run_folder: Path,
-        save: Callable[[Path, TrainingState], None],
     ) -> TrainingState:
         """Train from ``state`` to ``num_epochs``; returns the final state.
 
@@ -224,18 +230,9 @@ class Trainer:
                             state.batches_done = number + 1
                             state.partial_train_metrics = self.environment.all_reduce_sum(train_metrics.as_tensor())
                             remember_optimizer()
-                            path = run_folder / "checkpoints" / f"epoch_{epoch - 1}_step_{number + 1}.ckpt"
-                            if main:
-                                save(path, state)
-                                LOGGER.info(
-                                    "stopped by %s during epoch %d after %d of %d steps; checkpoint written to %s",
-                                    signals.received or "a signal on another rank", epoch, number + 1, len(batches), path,
-                                )
-                            self.environment.barrier()  # every rank stops once the checkpoint is written
-                            raise StopRequested(
-                                f"training stopped on {signals.received or 'a signal to another rank'}; "
-                                f"the checkpoint {path} holds every step so far.",
-                                hint="Continue with `mtt train <options> --restart auto` (or --restart with that file).",
+                            self._stop(
+                                model, state, signals, run_folder / "checkpoints" / f"epoch_{epoch - 1}_step_{number + 1}.ckpt",
+                                f"during epoch {epoch} after {number + 1} of {len(batches)} steps",
                             )
                     state.batches_done, state.partial_train_metrics = 0, None
                     train_metrics.load_tensor(self.environment.all_reduce_sum(train_metrics.as_tensor()))
@@ -257,19 +254,9 @@ class Trainer:
                             f"validation {format_metrics(sets['validation'], units, hypers.log_mae)}",
                         )
                         if epoch % hypers.checkpoint_interval == 0:
-                            save(run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", state)
+                            state.save(run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", model)
                     if self.environment.any_rank(signals.received is not None) and epoch < hypers.num_epochs:
-                        path = run_folder / "checkpoints" / f"epoch_{epoch}.ckpt"
-                        if main:
-                            save(path, state)
-                            LOGGER.info("stopped by %s after epoch %d; checkpoint written to %s",
-                                        signals.received or "a signal on another rank", epoch, path)
-                        self.environment.barrier()
-                        raise StopRequested(
-                            f"training stopped on {signals.received or 'a signal to another rank'} after "
-                            f"epoch {epoch}; the checkpoint {path} holds it.",
-                            hint="Continue with `mtt train <options> --restart auto` (or --restart with that file).",
-                        )
+                        self._stop(model, state, signals, run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", f"after epoch {epoch}")
         finally:
             if progress is not None:
                 progress.close()

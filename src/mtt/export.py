@@ -1,0 +1,80 @@
+"""A trained model out of mtt: rebuilt from a checkpoint, wrapped in metatomic's
+``AtomisticModel`` and saved for ASE, LAMMPS and i-PI (compiled extensions beside it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
+
+from . import __version__, architectures
+from .data.dataset import DatasetInfo
+from .schema import parse_options
+from .training.state import TrainingState
+
+
+def model_from_state(
+    state: TrainingState, best: bool = True
+) -> tuple[torch.nn.Module, DatasetInfo, architectures.Architecture]:
+    """Rebuild the model of a checkpoint, with its best weights (by validation) or its
+    latest; returns (model, dataset info, architecture)."""
+    identity = state.identity
+    architecture = architectures.load(identity.architecture)
+    info = DatasetInfo.from_dict(identity.dataset_info)
+    hypers = parse_options(architecture.hypers_class, identity.model_hypers, "architecture.model")
+    with architectures.blame_architecture(architecture):
+        model = architecture.model_class(hypers, info)
+    weights = state.best_model_state if best else state.model_state
+    dtype = next(v.dtype for v in weights.values() if v.is_floating_point())
+    model = model.to(dtype)
+    model.load_state_dict(weights)
+    return model.eval(), info, architecture
+
+
+def atomistic_model(
+    model: torch.nn.Module, info: DatasetInfo, name: str, authors: list[str] | None = None
+) -> AtomisticModel:
+    """Wrap ``model`` in metatomic's ``AtomisticModel``, declaring what it computes."""
+    dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
+    model = model.to("cpu").eval()
+    outputs = {}
+    for target, output in zip(info.targets.values(), model.output_names):
+        outputs[output] = ModelOutput(
+            unit=target.unit,
+            sample_kind="system",
+            explicit_gradients=[],
+            description=target.description or f"{target.name}, trained with mtt",
+        )
+    capabilities = ModelCapabilities(
+        outputs=outputs,
+        atomic_types=list(info.atomic_types),
+        interaction_range=float(model.interaction_range()),
+        length_unit="angstrom",
+        supported_devices=["cpu", "cuda"],
+        dtype="float64" if dtype == torch.float64 else "float32",
+    )
+    metadata = ModelMetadata(
+        name=f"mtt {name}",
+        description=f"{name} model trained with mtt {__version__}",
+        authors=authors or [],
+    )
+    return AtomisticModel(model, metadata, capabilities)
+
+
+def export_model(
+    model: torch.nn.Module, info: DatasetInfo, name: str, path: Path, authors: list[str] | None = None
+) -> Path:
+    """Save ``model`` as a metatomic model file; compiled extensions go next to it."""
+    exported = atomistic_model(model, info, name, authors)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        exported.save(str(temporary), collect_extensions=str(path.parent / "extensions"))
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    return path
