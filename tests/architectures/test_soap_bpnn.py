@@ -1,4 +1,4 @@
-from mtt.architectures.testing import ArchitectureTests
+from mtt.testing import ArchitectureTests
 
 
 class TestSoapBpnn(ArchitectureTests):
@@ -81,11 +81,11 @@ def test_training_keeps_the_descriptor():
     """The trainer keeps, per structure, the features as the networks take them and, when
     forces or stress are trained, all their derivatives need; within the budget only."""
     from mtt.architectures import load
-    from mtt.architectures.testing import emt_structures
-    from mtt.config.schema import parse_options
     from mtt.data.batching import compute_neighbor_lists, make_batch
     from mtt.data.dataset import DatasetInfo
     from mtt.data.readers import TargetInfo
+    from mtt.schema import parse_options
+    from mtt.testing import emt_structures
     from mtt.training.cache import PrecomputedInputs
 
     info = DatasetInfo([29, 78, 79], {"energy": TargetInfo("energy", "energy", "eV", False, False)})

@@ -6,20 +6,14 @@ same way metatomic engines compute them from an exported model.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from metatomic.torch import ModelOutput
 
 from ..data.batching import Batch
 from ..data.dataset import DatasetInfo
-
-
-# Training differentiates forces and stress with respect to the weights, never twice with
-# respect to positions or cell; featomic warns that the latter is not implemented, which
-# does not concern us (the weight gradients are checked against finite differences).
-warnings.filterwarnings("ignore", message="second derivatives with respect to")
 
 
 @dataclass
@@ -29,8 +23,9 @@ class Predictions:
     stress: dict[str, torch.Tensor]
 
 
-def predict(model, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predictions:
-    """Run ``model`` on a batch; ``create_graph`` keeps derivatives differentiable (training)."""
+def predict(model: Any, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predictions:
+    """Run ``model`` (an architecture's model, or :class:`mtt.inference.EvaluatedModel`) on
+    a batch; ``create_graph`` keeps derivatives differentiable (training)."""
     if batch.flat is not None:
         outputs = model.outputs_of_batch(batch.flat)
         per_structure = {name: outputs[:, i] for i, name in enumerate(model.output_names)}

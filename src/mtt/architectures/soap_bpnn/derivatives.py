@@ -14,7 +14,7 @@ direction of the positions (a JVP). :class:`SoapFeatures` gives autograd exactly
 Everything the forward computes depends on the positions alone, which training does not
 change: the trainer keeps it per structure (:func:`kept_inputs`, through
 ``Model.precompute``), so that a force-training step only reads the features and what
-their derivatives need (about 0.25 MB per ethanol molecule).
+their derivatives need.
 
 Second derivatives with respect to the positions are not provided: the derivatives this
 graph gives are those of the energy, and of the forces and stress with respect to the
@@ -31,24 +31,6 @@ from typing import Dict, List
 import torch
 
 
-def harmonic_gradient_coefficients(exponents: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
-    """Coefficients of d/dx, d/dy and d/dz of the harmonics' polynomials on the same monomials.
-
-    ``exponents`` (monomials, 3) holds every monomial of degree 0 to L, so the derivative
-    of a monomial of degree l is one of degree l - 1 of the same list. Returns
-    (monomials, 3 x harmonics).
-    """
-    index = {tuple(e): k for k, e in enumerate(exponents.tolist())}
-    gradient = torch.zeros((3,) + coefficients.shape, dtype=coefficients.dtype)
-    for k, powers in enumerate(exponents.tolist()):
-        for axis in range(3):
-            if powers[axis] > 0:
-                lower = list(powers)
-                lower[axis] -= 1
-                gradient[axis, index[tuple(lower)]] += powers[axis] * coefficients[k]
-    return torch.cat(list(gradient), dim=1)
-
-
 @dataclass
 class _Saved:
     """What the derivatives of one batch's features need, all without autograd history."""
@@ -62,7 +44,7 @@ class _Saved:
     radial: torch.Tensor  # (pairs, (L + 1) N)
     radial_derivative: torch.Tensor  # (pairs, (L + 1) N), d/dr
     harmonics: torch.Tensor  # (pairs, (L + 1) W), W = 2L + 1 padded m
-    harmonics_gradient: torch.Tensor  # (pairs, 3, (L + 1) W), of the polynomials in the unit vector
+    harmonics_gradient: torch.Tensor  # (pairs, 3, (L + 1) W), on the sphere (SoapPowerSpectrum.harmonics)
     padded_radial: torch.Tensor  # (atoms x L + 1 x types, slots, N)
     padded_harmonics: torch.Tensor  # (atoms x L + 1 x types, slots, W)
     blocks: torch.Tensor  # expansion, (atoms x L + 1, types x N, W)
@@ -76,8 +58,8 @@ def _normalize_jacobian(saved: _Saved, values: torch.Tensor, weights: torch.Tens
     ``weights`` (per column) first if given.
 
     The layer norm's own backward kernel, whose weight multiplies before the projection:
-    one pass, where the same formula as torch operations (two means, three products) took
-    15x longer on CPU.
+    one pass over the rows, where the same formula as torch operations (two means, three
+    products) makes several.
     """
     if saved.raw is None:
         return values if weights is None else values * weights
@@ -125,27 +107,14 @@ class SoapFeaturesVjp(torch.autograd.Function):
 def _forward(descriptor, types, first, second, vectors, eps):
     """Features of a batch and what their derivatives need."""
     d = descriptor
-    dtype, device = vectors.dtype, vectors.device
     n_atoms, n_types, size, n_radial = len(types), d.n_types, d.max_angular + 1, d.n_radial
     width = 2 * d.max_angular + 1
-    n_pairs = len(first)
 
     distances = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)
     inverse_distance = 1.0 / distances
     unit = vectors * inverse_distance
-    # radial part and its derivative: the cubic of each grid interval, one product for both
-    position = distances.reshape(-1) / d.spacing
-    interval = torch.clamp(position.floor().long(), 0, d.radial_cubic.shape[0] - 1)
-    t = position - interval.to(dtype)
-    ones, zeros = torch.ones_like(t), torch.zeros_like(t)
-    powers_of_t = torch.stack(
-        [ones, t, t * t, t * t * t, zeros, ones / d.spacing, 2 * t / d.spacing, 3 * t * t / d.spacing], dim=1
-    ).reshape(n_pairs, 2, 4)
-    radial_both = torch.bmm(powers_of_t, d.radial_cubic.to(dtype).index_select(0, interval))
-    radial, radial_derivative = radial_both[:, 0], radial_both[:, 1]
-    # harmonics and the gradient of their polynomials, one product for both
-    both = (d.monomials(unit) @ d.harmonics_and_gradient.to(dtype)).reshape(n_pairs, 4, size * width)
-    harmonics, harmonics_gradient = both[:, 0], both[:, 1:]
+    radial, radial_derivative = d.radial(distances.reshape(-1), True)
+    harmonics, harmonics_gradient = d.harmonics(unit, True)
 
     species = d.type_to_index[types.long()]
     rows, slots = d.neighbor_slots(species, first, second)
@@ -154,13 +123,12 @@ def _forward(descriptor, types, first, second, vectors, eps):
         n_atoms * size, n_types * n_radial, width
     )
 
-    products = torch.bmm(blocks, blocks.transpose(1, 2)).reshape(n_atoms, -1)
-    features = products.index_select(1, d.feature_positions) * d.feature_weights.to(dtype)
+    features = d.power_spectrum(blocks, n_atoms)
     raw = mean = inverse_std = None
     if eps is not None:
-        # layer norm's own kernel, which also returns the mean and 1 / std (var_mean is 7x
-        # slower on CPU); ctx keeps the input, not its own output, which would be a
-        # reference cycle that only the garbage collector frees, keeping each step's graph
+        # layer norm's own kernel, which also returns the mean and 1 / std (cheaper than
+        # var_mean); ctx keeps the input, not its own output, which would be a reference
+        # cycle that only the garbage collector frees, keeping each step's graph
         raw = features
         features, mean, inverse_std = torch.native_layer_norm(features, features.shape[1:], None, None, eps)
     saved = _Saved(
@@ -231,9 +199,8 @@ def _scatter_to_products(saved: _Saved, grad_features: torch.Tensor) -> torch.Te
     """d loss / d products, (atoms x L + 1, types x N, types x N).
 
     The features of each pair of types a <= b are the products' block (a, b), l by l: one
-    block copy per pair of types (a gather of single columns took 1 to 4 % longer per
-    ethanol step); the products of pairs a > b get no gradient (the features count each
-    pair once).
+    block copy per pair of types (cheaper than a gather of single columns); the products
+    of pairs a > b get no gradient (the features count each pair once).
     """
     d = saved.descriptor
     n_atoms, size, n_types, n = saved.n_atoms, d.max_angular + 1, d.n_types, d.n_radial
@@ -267,10 +234,9 @@ def _vector_gradient(saved: _Saved, grad_features: torch.Tensor) -> torch.Tensor
     grad_radial = grad_radial[0] + grad_radial[1]
     grad_harmonics = grad_harmonics[0] + grad_harmonics[1] * d.harmonic_parity.to(grad_features.dtype)
     along = (grad_radial * saved.radial_derivative).sum(dim=1, keepdim=True)
-    degree = (grad_harmonics * saved.harmonics * d.harmonic_degree.to(grad_features.dtype)).sum(dim=1, keepdim=True)
     tangential = torch.bmm(saved.harmonics_gradient, grad_harmonics[:, :, None]).reshape(n_pairs, 3)
-    # Y(u / |u|) of degree l: d/du = (grad P(unit) - l Y unit) / |u|
-    return tangential * saved.inverse_distance + saved.unit * (along - degree * saved.inverse_distance)
+    # the radial part changes along the unit vector, the harmonics across it (/ |u|)
+    return tangential * saved.inverse_distance + saved.unit * along
 
 
 def _feature_jvp(saved: _Saved, direction: torch.Tensor) -> torch.Tensor:
@@ -280,7 +246,7 @@ def _feature_jvp(saved: _Saved, direction: torch.Tensor) -> torch.Tensor:
     along = (saved.unit * direction).sum(dim=1, keepdim=True)
     d_radial = saved.radial_derivative * along
     d_harmonics = torch.bmm(direction[:, None, :], saved.harmonics_gradient).reshape(len(direction), -1)
-    d_harmonics = (d_harmonics - d.harmonic_degree.to(dtype) * saved.harmonics * along) * saved.inverse_distance
+    d_harmonics = d_harmonics * saved.inverse_distance
     padded_d_radial, padded_d_harmonics = d.padded(d_radial, d_harmonics, saved.rows, saved.n_atoms, saved.slots)
     # the expansion is bilinear in the radial and angular parts
     d_expansion = torch.baddbmm(
@@ -291,8 +257,8 @@ def _feature_jvp(saved: _Saved, direction: torch.Tensor) -> torch.Tensor:
     d_blocks = d_expansion.reshape(saved.blocks.shape)
     half = torch.bmm(d_blocks, saved.blocks.transpose(1, 2))
     # d products = half + half^T, needed only in the blocks a <= b that are features: one
-    # sum per pair of types, in featomic's order (a sum of the whole matrices and a gather
-    # of single columns took about 1 % longer per ethanol step)
+    # sum per pair of types, in featomic's order (cheaper than a sum of the whole
+    # matrices and a gather of single columns)
     size, n_types, n = d.max_angular + 1, d.n_types, d.n_radial
     half = half.view(saved.n_atoms, size, n_types, n, n_types, n)
     per_pair = [half[:, :, a, :, b, :] + half[:, :, b, :, a, :].transpose(-1, -2) for a, b in d.type_pairs]

@@ -13,13 +13,14 @@ from metatensor.torch import TensorMap
 from metatomic.torch import NeighborListOptions, System
 
 from ...data.batching import FlatBatch
+from ...data.dataset import DatasetInfo
 from ..base import Model
 from .derivatives import SoapFeatures, kept_inputs
-from .hypers import SoapBpnnHypers
+from .hypers import BpnnHypers, SoapBpnnHypers
 from .soap import SoapPowerSpectrum, as_tensormap
 
 
-def _element_network(n_in: int, n_out: int, hypers) -> torch.nn.Sequential:
+def _element_network(n_in: int, n_out: int, hypers: BpnnHypers) -> torch.nn.Sequential:
     layers: list[torch.nn.Module] = [torch.nn.LayerNorm(n_in)] if hypers.layernorm else []
     width = n_in
     for _ in range(hypers.num_hidden_layers):
@@ -42,7 +43,7 @@ class SoapBpnn(Model):
 
     takes_flat_batches = True
 
-    def __init__(self, hypers: SoapBpnnHypers, info):
+    def __init__(self, hypers: SoapBpnnHypers, info: DatasetInfo):
         super().__init__(info)
         soap = hypers.soap
         self.cutoff = soap.cutoff.radius
@@ -72,9 +73,9 @@ class SoapBpnn(Model):
     def _by_element(self, types: torch.Tensor) -> Tuple[torch.Tensor, List[int], torch.Tensor]:
         """The atoms element by element (``order``), how many of each, and where each went.
 
-        Each element's network then takes a slice of the features: in a force-training
-        step, a tenth less time in the networks than gathering and scattering each
-        element's rows, forward and twice backward (in exported models, no difference).
+        Each element's network then takes a slice of the features, which in a
+        force-training step is cheaper than gathering and scattering each element's rows,
+        forward and twice backward.
         """
         species = self.soap.type_to_index[types.long()]
         order = torch.argsort(species, stable=True)
@@ -119,19 +120,19 @@ class SoapBpnn(Model):
     def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
         """The features as the networks take them (normalised), and with derivatives all
         that the hand-written derivatives need (:func:`.derivatives.kept_inputs`): the
-        structures do not move, so the descriptor is computed once per structure.
-
-        A subclass that takes systems keeps the raw features, without derivatives only.
+        structures do not move, so the descriptor is computed once per structure. Only
+        flat batches read them: a subclass that takes systems keeps nothing.
         """
         if not self.uses_flat_batches():
-            return self.soap.precompute(system, derivatives)
+            return {}
         eps = self.networks[0][0].eps if self.layernorm else None
+        types, first, second, vectors = self.soap._pairs([system])
         if not derivatives:
-            features = self.soap.precompute(system, False)["mtt::soap_features"].block().values
+            with torch.no_grad():
+                features = self.soap.power_spectrum(self.soap.expansion(types, first, second, vectors), len(types))
             if eps is not None:
                 features = torch.nn.functional.layer_norm(features, features.shape[1:], eps=eps)
             return {"mtt::soap_inputs": as_tensormap(features)}
-        types, first, second, vectors = self.soap._pairs([system])
         with torch.no_grad():
             kept = kept_inputs(self.soap, types, first, second, vectors, eps)
         return {f"mtt::soap_{name}": as_tensormap(values) for name, values in kept.items()}

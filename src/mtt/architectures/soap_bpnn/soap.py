@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Dict, List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import NeighborListOptions, System
-
-from .derivatives import harmonic_gradient_coefficients
 
 # Grid spacing of the radial table, in Å; the cubic Hermite spline with exact derivatives
 # then agrees with featomic's own splines to about 1e-9 (tested against featomic).
@@ -84,43 +82,15 @@ def _sphere_points(max_angular: int) -> np.ndarray:
     return points / np.linalg.norm(points, axis=1, keepdims=True)
 
 
-def harmonics_as_polynomials(max_angular: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exponents (monomials, 3) and coefficients (monomials, (L+1)(2L+1)) of the harmonics.
-
-    Y_l^m is a homogeneous polynomial of degree l in the unit vector; its coefficients on the
-    monomials of that degree are unique, so a least-squares fit on many directions finds
-    them exactly (to rounding, checked here). Columns: l (2L + 1) + L + m, the m of each l
-    centred in its 2L + 1 columns (zero where |m| > l).
-    """
-    points = _sphere_points(max_angular)
-    reference = _reference_harmonics(points, max_angular)
-    exponents = []
-    coefficients = np.zeros((0, (max_angular + 1) * (2 * max_angular + 1)))
-    for l in range(max_angular + 1):
-        degree = [(a, b, l - a - b) for a in range(l + 1) for b in range(l + 1 - a)]
-        monomials = np.stack([points[:, 0] ** a * points[:, 1] ** b * points[:, 2] ** c for a, b, c in degree], 1)
-        block = np.zeros((len(degree), coefficients.shape[1]))
-        target = reference[:, l, : 2 * l + 1]
-        fitted, *_ = np.linalg.lstsq(monomials, target, rcond=None)
-        if np.abs(monomials @ fitted - target).max() > 1e-10:
-            raise ArithmeticError(f"spherical harmonics of l={l} are not fitted exactly by monomials")
-        fitted[np.abs(fitted) < 1e-13] = 0.0
-        start = l * (2 * max_angular + 1) + max_angular - l
-        block[:, start : start + 2 * l + 1] = fitted
-        exponents += degree
-        coefficients = np.concatenate([coefficients, block])
-    return torch.tensor(exponents, dtype=torch.long), torch.tensor(coefficients)
-
-
 def harmonics_as_products(max_angular: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The harmonics as products of a polynomial in x and y and one in z, on the sphere.
 
     Y_l^m = Q_l^|m|(z) A_m(x, y), where A_m is the real (m >= 0) or imaginary (m < 0) part
     of (x + i y)^|m| and Q a polynomial of degree l - |m|. Returns the coefficients of A on
     the monomials x^a y^b ((L+1)^2, 2L + 1 columns L + m) and of Q on the powers of z
-    (L + 1, (L+1)(2L+1) columns as :func:`harmonics_as_polynomials`): two small products
-    instead of one over all (L+1)(L+2)(L+3)/6 monomials of degree up to L, of which each
-    harmonic uses few.
+    (L + 1, (L+1)(2L+1) columns l (2L + 1) + L + m, the m of each l centred in its 2L + 1
+    columns, zero where |m| > l): two small products instead of one over all
+    (L+1)(L+2)(L+3)/6 monomials of degree up to L, of which each harmonic uses few.
     """
     size, width = max_angular + 1, 2 * max_angular + 1
     xy = np.zeros((size, size, width))  # [a, b, L + m]: coefficient of x^a y^b in A_m
@@ -157,6 +127,7 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     (N,)) and the grid spacing.
     """
     import ase
+
     # featomic's numpy package, not featomic.torch: a training process that never loads
     # featomic's TorchScript extension exports models that do not list it as a dependency
     from featomic import SphericalExpansion
@@ -180,7 +151,7 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     finally:
         logging.getLogger().removeFilter(close_dimers)
 
-    def as_torch(array) -> torch.Tensor:  # featomic's arrays are numpy's
+    def as_torch(array: np.ndarray) -> torch.Tensor:  # featomic's arrays are numpy's
         return torch.from_numpy(np.array(array))
 
     size = intervals + 1
@@ -227,7 +198,6 @@ class SoapPowerSpectrum(torch.nn.Module):
         super().__init__()
         hypers = featomic_hypers(radius, width, max_angular, max_radial, gaussian_width)
         cubic, self_term, spacing = tabulate_radial(hypers)
-        exponents, coefficients = harmonics_as_polynomials(max_angular)
         xy_coefficients, z_coefficients = harmonics_as_products(max_angular)
         n_types = len(atomic_types)
         type_to_index = torch.full((max(atomic_types) + 1,), -1, dtype=torch.long)
@@ -248,9 +218,8 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.neighbor_list = NeighborListOptions(cutoff=radius, full_list=False, strict=True)
         # constants, rebuilt from the hyperparameters: not part of the checkpoints
         self.register_buffer("radial_cubic", cubic, persistent=False)
-        self.register_buffer("self_term", self_term, persistent=False)
-        self.register_buffer("exponents", exponents, persistent=False)
-        self.register_buffer("harmonic_coefficients", coefficients, persistent=False)
+        # each central atom's own density: its l = 0, m = 0 part, Y_0^0 a constant
+        self.register_buffer("own_density", self_term / math.sqrt(4 * math.pi), persistent=False)
         self.register_buffer("xy_coefficients", xy_coefficients, persistent=False)
         self.register_buffer("z_coefficients", z_coefficients, persistent=False)
         self.register_buffer("type_to_index", type_to_index, persistent=False)
@@ -265,25 +234,15 @@ class SoapPowerSpectrum(torch.nn.Module):
                         weights.append(pair_factor[p] * coupling[l])
         self.register_buffer("feature_positions", torch.tensor(positions), persistent=False)
         self.register_buffer("feature_weights", torch.tensor(weights, dtype=torch.float64), persistent=False)
-        # for the hand-written derivatives of .derivatives: the harmonics with their
-        # polynomials' gradient, l and (-1)^l per column
-        both = torch.cat([coefficients, harmonic_gradient_coefficients(exponents, coefficients)], dim=1)
-        self.register_buffer("harmonics_and_gradient", both, persistent=False)
+        # (-1)^l of each harmonic's column: the sign of the reversed vector's harmonic
         degree = torch.arange(max_angular + 1, dtype=torch.float64).repeat_interleave(2 * max_angular + 1)
-        self.register_buffer("harmonic_degree", degree, persistent=False)
         self.register_buffer("harmonic_parity", 1.0 - 2.0 * (degree % 2), persistent=False)
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         return [self.neighbor_list]
 
     def forward(self, systems: List[System]) -> torch.Tensor:
-        """Features of every atom, ordered system by system as ``systems``.
-
-        Systems that all carry :meth:`precompute`'s features (training without forces or
-        stress) take them as they are.
-        """
-        if all("mtt::soap_features" in system.known_data() for system in systems):
-            return torch.cat([system.get_data("mtt::soap_features").block().values for system in systems])
+        """Features of every atom, ordered system by system as ``systems``."""
         types, first, second, vectors = self._pairs(systems)
         return self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
 
@@ -306,27 +265,55 @@ class SoapPowerSpectrum(torch.nn.Module):
 
     def pair_densities(self, vectors: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Each pair's radial (pairs, (L+1) N) and angular (pairs, (L+1)(2L+1)) parts."""
-        dtype = vectors.dtype
         distances = torch.linalg.vector_norm(vectors, dim=1)
-        # radial part: cubic spline on featomic's grid
+        radial, _ = self.radial(distances, False)
+        harmonics, _ = self.harmonics(vectors / distances[:, None], False)
+        return radial, harmonics
+
+    def radial(self, distances: torch.Tensor, with_derivative: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The radial integrals of each pair, (pairs, (L+1) N), and with ``with_derivative``
+        their derivative with respect to the distance: the cubic spline of featomic's table
+        in Horner's form, one fused multiply-add per degree."""
         position = distances / self.spacing
         interval = torch.clamp(position.detach().floor().long(), 0, self.radial_cubic.shape[0] - 1)
-        t = (position - interval.to(dtype))[:, None]
-        # each pair's cubic in Horner's form, one fused multiply-add per degree: 3 % faster
-        # than one small matrix product per pair, and 2 % faster again than separate
-        # products and sums (100-atom carbon cell and ethanol, energy, forces and stress)
-        cubic = self.radial_cubic.to(dtype).index_select(0, interval)
-        radial = torch.addcmul(cubic[:, 2], t, cubic[:, 3])
-        radial = torch.addcmul(cubic[:, 1], t, radial)
-        radial = torch.addcmul(cubic[:, 0], t, radial)
-        # angular part: the harmonics as products of polynomials in (x, y) and in z of the
-        # unit vector (:func:`harmonics_as_products`)
-        powers = self.powers(vectors / distances[:, None])
-        n_pairs, size = len(vectors), self.max_angular + 1
-        along_xy = (powers[:, 0, :, None] * powers[:, 1, None, :]).reshape(n_pairs, size * size)
-        along_xy = along_xy @ self.xy_coefficients.to(dtype)
-        along_z = (powers[:, 2] @ self.z_coefficients.to(dtype)).reshape(n_pairs, size, -1)
-        return radial, (along_z * along_xy[:, None, :]).reshape(n_pairs, -1)
+        t = (position - interval.to(distances.dtype))[:, None]
+        cubic = self.radial_cubic.to(distances.dtype).index_select(0, interval)
+        values = torch.addcmul(cubic[:, 2], t, cubic[:, 3])
+        values = torch.addcmul(cubic[:, 1], t, values)
+        values = torch.addcmul(cubic[:, 0], t, values)
+        if not with_derivative:
+            return values, None
+        derivative = torch.addcmul(2 * cubic[:, 2], t, 3 * cubic[:, 3])
+        derivative = torch.addcmul(cubic[:, 1], t, derivative)
+        return values, derivative / self.spacing
+
+    def harmonics(self, unit: torch.Tensor, with_gradient: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The real spherical harmonics of unit vectors, (pairs, (L+1)(2L+1)), as products of
+        polynomials in (x, y) and in z (:func:`harmonics_as_products`), and with
+        ``with_gradient`` their gradient on the sphere, (pairs, 3, (L+1)(2L+1)): the
+        polynomials' gradient without its part along the unit vector, so that the change
+        of Y(u / |u|) along a change d of u is d . gradient / |u|."""
+        n_pairs, size = len(unit), self.max_angular + 1
+        xy_coefficients, z_coefficients = self.xy_coefficients.to(unit.dtype), self.z_coefficients.to(unit.dtype)
+        powers = self.powers(unit)
+        x, y, z = powers[:, 0], powers[:, 1], powers[:, 2]
+        along_xy = (x[:, :, None] * y[:, None, :]).reshape(n_pairs, size * size) @ xy_coefficients
+        along_z = (z @ z_coefficients).reshape(n_pairs, size, -1)
+        harmonics = (along_z * along_xy[:, None, :]).reshape(n_pairs, -1)
+        if not with_gradient:
+            return harmonics, None
+        # d/du u^a = a u^(a - 1), for the three components at once
+        exponents = torch.arange(1, size, dtype=unit.dtype, device=unit.device)
+        lowered = torch.cat([torch.zeros_like(powers[:, :, :1]), powers[:, :, :-1] * exponents], dim=2)
+        dx, dy, dz = lowered[:, 0], lowered[:, 1], lowered[:, 2]
+        d_along_x = (dx[:, :, None] * y[:, None, :]).reshape(n_pairs, size * size) @ xy_coefficients
+        d_along_y = (x[:, :, None] * dy[:, None, :]).reshape(n_pairs, size * size) @ xy_coefficients
+        d_along_z = (dz @ z_coefficients).reshape(n_pairs, size, -1)
+        gradient = torch.stack(
+            [along_z * d_along_x[:, None, :], along_z * d_along_y[:, None, :], d_along_z * along_xy[:, None, :]], dim=1
+        ).reshape(n_pairs, 3, -1)
+        radial_part = torch.bmm(unit[:, None, :], gradient)
+        return harmonics, torch.baddbmm(gradient, unit[:, :, None], radial_part, alpha=-1.0)
 
     def powers(self, unit: torch.Tensor) -> torch.Tensor:
         """The powers 0 to L of the unit vectors' components, (pairs, xyz, power)."""
@@ -334,15 +321,6 @@ class SoapPowerSpectrum(torch.nn.Module):
         for _ in range(self.max_angular):
             power_list.append(power_list[-1] * unit)
         return torch.stack(power_list, dim=2)
-
-    def monomials(self, unit: torch.Tensor) -> torch.Tensor:
-        """Every monomial of degree 0 to L of the unit vectors, (pairs, monomials)."""
-        powers = self.powers(unit)
-        return (
-            powers[:, 0].index_select(1, self.exponents[:, 0])
-            * powers[:, 1].index_select(1, self.exponents[:, 1])
-            * powers[:, 2].index_select(1, self.exponents[:, 2])
-        )
 
     def expansion(
         self, types: torch.Tensor, first: torch.Tensor, second: torch.Tensor, vectors: torch.Tensor
@@ -420,14 +398,15 @@ class SoapPowerSpectrum(torch.nn.Module):
         expansion = torch.bmm(padded_radial.transpose(1, 2), padded_harmonics)
         expansion = expansion.reshape(n_atoms, -1)
         l0_m0 = self.max_angular  # Y_0^0's column
-        own = self.self_term.to(expansion.dtype) * self.harmonic_coefficients[0, l0_m0].to(expansion.dtype)
+        own = self.own_density.to(expansion.dtype)
         n = torch.arange(self.n_radial, device=species.device)
         columns = ((species * self.n_radial)[:, None] + n) * width + l0_m0  # (atom, l = 0, type, n, m = 0)
         expansion = expansion.scatter_add(1, columns, own.expand(n_atoms, self.n_radial))
         return expansion.reshape(n_atoms * (self.max_angular + 1) * self.n_types, self.n_radial * width)
 
     def power_spectrum(self, expansion: torch.Tensor, n_atoms: int) -> torch.Tensor:
-        """Features (atoms, pair x l x n1 x n2) from :meth:`expansion`'s rows."""
+        """Features (atoms, pair x l x n1 x n2) from :meth:`expansion`'s rows (in any shape
+        with those rows)."""
         size = self.max_angular + 1
         # power spectrum: sum over m of products of two neighbour types' expansions, per l,
         # for all pairs of types at once (few large products beat many small ones), then
@@ -435,24 +414,6 @@ class SoapPowerSpectrum(torch.nn.Module):
         blocks = expansion.reshape(n_atoms * size, self.n_types * self.n_radial, 2 * self.max_angular + 1)
         products = torch.bmm(blocks, blocks.transpose(1, 2)).reshape(n_atoms, -1)
         return products.index_select(1, self.feature_positions) * self.feature_weights.to(expansion.dtype)
-
-    # -- training: what does not depend on the weights, computed once per structure ------
-    @torch.jit.unused
-    def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
-        """One structure's features, kept by the trainer when no derivative is trained.
-
-        With forces or stress this keeps nothing: the derivatives of the expansion with
-        respect to the pair vectors take 3 x (L+1)^2 x N numbers per pair, and reading
-        them back at every step was measured slower than recomputing the expansion. The
-        flat batches of SOAP-BPNN keep the pairs' parts instead (``kept_inputs`` of
-        :mod:`.derivatives`), about 480 numbers per pair.
-        """
-        if derivatives:
-            return {}
-        types, first, second, vectors = self._pairs([system])
-        with torch.no_grad():
-            features = self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
-        return {"mtt::soap_features": as_tensormap(features)}
 
 
 def as_tensormap(values: torch.Tensor) -> TensorMap:
