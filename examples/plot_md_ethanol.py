@@ -36,7 +36,6 @@ from ase.md.velocitydistribution import Stationary, thermalize_momenta
 from ase.md.verlet import VelocityVerlet
 from metatomic_ase import MetatomicCalculator
 
-
 # the examples/ folder: run the script from there, as the docs build does
 HERE = Path.cwd()
 options = HERE / "md_ethanol.yaml"

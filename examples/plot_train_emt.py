@@ -33,7 +33,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 from metatomic_ase import MetatomicCalculator
 
-
 # the examples/ folder: run the script from there, as the docs build does
 HERE = Path.cwd()
 options = HERE / "train_emt.yaml"

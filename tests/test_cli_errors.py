@@ -18,7 +18,6 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-
 from conftest import EMT_DATA, run_mtt, write_options
 
 #: a run that trains in seconds: the composition model, one epoch, a few structures

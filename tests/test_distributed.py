@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import EMT_DATA, ROOT, SHARED_DATA, write_options
+
 from mtt.distributed import Launch, choose_port, detect_launch, expand_nodelist, parse_gpus_per_node, share
 
 PLUGINS = ROOT / "tests" / "plugins"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_mtt, write_options
 
 SMALL_SOAP = """

@@ -12,7 +12,6 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-
 from conftest import EMT_DATA, ROOT, run_mtt, write_options
 
 STORED_CHECKPOINT = ROOT / "tests" / "data" / "checkpoint-v1.ckpt"

@@ -44,7 +44,6 @@ from ase import Atoms
 from ase.build import bulk, fcc111
 from ase.calculators.emt import EMT
 
-
 ELEMENTS = ("Cu", "Au", "Pt")
 ALLOY_PAIRS = (("Cu", "Au"), ("Cu", "Pt"), ("Au", "Pt"))
 LATTICE_CONSTANTS = {"Cu": 3.61, "Au": 4.08, "Pt": 3.92}  # Angstrom

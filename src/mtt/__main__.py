@@ -109,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
 def report(error: BaseException, context: RunContext, debug: bool) -> int:
     from .errors import MttError
     from .outputs import write_error_log
-
     from .training.stopping import StopRequested
 
     environment = context.environment

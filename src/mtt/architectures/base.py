@@ -125,8 +125,8 @@ class Model(torch.nn.Module):
         """metatomic's model interface: per-structure or per-atom outputs as TensorMaps.
 
         One system's per-structure outputs of all atoms, the case of every MD step, take the
-        fewest operations: numbering atoms within their systems took 6 % of the energy and
-        forces of an ethanol molecule.
+        fewest operations: numbering atoms within their systems is a noticeable part of a
+        small molecule's energy and forces.
         """
         types = systems[0].types if len(systems) == 1 else torch.cat([s.types for s in systems])
         device = types.device

@@ -4,7 +4,7 @@ Neighbour lists depend only on the positions, which do not change during trainin
 they are computed once per structure. A batch comes in one of two forms:
 
 - one metatomic ``System`` per structure, what exported models see. Each structure's
-  system is built once (building one with its neighbour list costs about 0.3 ms) and
+  system is built once (building one with its neighbour list is not cheap) and
   reused by every batch. When forces or stress are trained its positions (and a strain,
   for stress) are leaves that require grad, and the autograd link from them to the
   neighbour vectors is made once and kept: differentiate through a batch with
@@ -13,7 +13,7 @@ they are computed once per structure. A batch comes in one of two forms:
 - flat tensors of the whole batch (:class:`FlatBatch`), for models that take them
   (``Model.takes_flat_batches``): the atoms' types and the pairs of every requested
   neighbour list, numbered across the batch, with their vectors computed from the same
-  leaves in a few operations. Per-structure objects cost a sixth to a third of a
+  leaves in a few operations. Per-structure objects are a large part of a
   force-training step of small structures; these cost nothing per structure.
 """
 

@@ -98,7 +98,7 @@ def has_key(frames: list[ase.Atoms], key: str, per_atom: bool) -> bool:
     return _lookup(frames[0], key, per_atom) is not None
 
 
-def _require(atoms, key, per_atom, index, path, what) -> np.ndarray:
+def _require(atoms: ase.Atoms, key: str, per_atom: bool, index: int, path: Path, what: str) -> np.ndarray:
     value = _lookup(atoms, key, per_atom)
     if value is None:
         raise DataError(
@@ -119,7 +119,9 @@ def _require(atoms, key, per_atom, index, path, what) -> np.ndarray:
 CONVENTIONAL_KEYS = {"forces": ("forces", "force"), "stress": ("stress",), "virial": ("virial",)}
 
 
-def _derivative_key(option, kind: str, frames, per_atom: bool, where: str):
+def _derivative_key(
+    option: bool | str | DerivativeOptions | None, kind: str, frames: list[ase.Atoms], per_atom: bool, where: str
+) -> str | None:
     """The key of forces/stress/virial to read, or None when not learned."""
     keys = CONVENTIONAL_KEYS[kind]
     present = next((key for key in keys if has_key(frames, key, per_atom)), None)
@@ -140,7 +142,7 @@ def _derivative_key(option, kind: str, frames, per_atom: bool, where: str):
     return option
 
 
-def read_dataset(options: DatasetOptions, base_dir: Path, where: str):
+def read_dataset(options: DatasetOptions, base_dir: Path, where: str) -> tuple[list[Structure], list[TargetInfo], Path]:
     """Read one dataset block: its structures and target descriptions."""
     path = resolve_path(options.systems.read_from, base_dir)
     frames = read_frames(path)
@@ -224,7 +226,10 @@ def read_dataset(options: DatasetOptions, base_dir: Path, where: str):
     return structures, [t[0] for t in targets], path
 
 
-def _read_stress(atoms, stress_key, virial_key, index, path, name, factor, l_factor):
+def _read_stress(
+    atoms: ase.Atoms, stress_key: str | None, virial_key: str | None, index: int, path: Path, name: str,
+    factor: float, l_factor: float,
+) -> torch.Tensor:
     if not atoms.pbc.all():
         raise DataError(
             f"structure {index} of '{path}' is not periodic in all directions, but a "

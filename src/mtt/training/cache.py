@@ -23,7 +23,7 @@ from ..outputs import LOGGER
 class PrecomputedInputs:
     """Keeps ``model.precompute``'s data per structure, up to ``budget_mb``."""
 
-    def __init__(self, model, derivatives: bool, budget_mb: float):
+    def __init__(self, model: torch.nn.Module, derivatives: bool, budget_mb: float):
         self.model = model
         self.derivatives = derivatives
         self.budget = budget_mb * 1024**2

@@ -11,7 +11,7 @@ from .loss import Term
 
 
 def fit_baseline(
-    model,
+    model: torch.nn.Module,
     structures: list[Structure],
     info: DatasetInfo,
     terms: list[Term],

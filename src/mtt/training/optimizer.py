@@ -2,13 +2,12 @@
 
 The update is torch's own fused kernel (``torch._fused_adam_``, ``torch._fused_adamw_``,
 what ``torch.optim.Adam(fused=True)`` runs), called on lists kept from one step to the
-next. ``torch.optim.Optimizer`` imports ``torch._dynamo`` when it is built, 1.4 s of every
-run's start-up on the 2-core machine (a quarter of a short run's fixed cost), and sorts
-the tensors by device and dtype again at every step (0.1 ms of a 5 ms QM9 step).
+next. ``torch.optim.Optimizer`` imports ``torch._dynamo`` when it is built, a noticeable
+part of every run's start-up, and sorts the tensors by device and dtype again at every
+step (the figures are on the "Speed and memory" page of the docs).
 
 Both state dicts have torch's layout (``torch.optim.Adam`` and ``LambdaLR``), so that
-checkpoints written before, and optimisers from ``torch.optim`` that an architecture's
-trainer may return, load and run the same.
+checkpoints load and run the same with either.
 """
 
 from __future__ import annotations
@@ -98,7 +97,7 @@ class LearningRateSchedule:
     ``LambdaLR``'s.
     """
 
-    def __init__(self, optimizer, factor: Callable[[int], float]):
+    def __init__(self, optimizer: Any, factor: Callable[[int], float]):
         self.optimizer = optimizer
         self.factor = factor
         for group in optimizer.param_groups:

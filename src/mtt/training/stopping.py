@@ -30,7 +30,7 @@ class StopSignals:
             self._previous[number] = signal.signal(number, self._handle)
         return self
 
-    def _handle(self, number, frame) -> None:
+    def _handle(self, number: int, frame: object) -> None:
         self.received = signal.Signals(number).name
 
     def __exit__(self, *exc) -> None:

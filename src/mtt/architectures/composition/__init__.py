@@ -12,6 +12,7 @@ import torch
 from metatomic.torch import System
 
 from ...data.batching import FlatBatch
+from ...data.dataset import DatasetInfo
 from ..base import Model
 
 
@@ -25,7 +26,7 @@ class CompositionModel(Model):
 
     takes_flat_batches = True
 
-    def __init__(self, hypers: CompositionHypers, info):
+    def __init__(self, hypers: CompositionHypers, info: DatasetInfo):
         super().__init__(info)
 
     def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
