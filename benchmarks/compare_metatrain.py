@@ -47,6 +47,8 @@ def _in_mev(match) -> float:
     for suffix in ("/a", "/å", "/angstrom"):
         unit = unit.removesuffix(suffix)
     return value * MEV[unit]
+
+
 DATASETS = {
     "ethanol": ("ethanol_reduced_100.xyz", "kcal/mol", "forces: {key: forces}"),
     "qm9": ("qm9_reduced_100.xyz", "Hartree", "forces: off"),
@@ -87,8 +89,10 @@ METATRAIN_MS = (
     "sys.argv[0] = 'mtt'; sys.exit(main())"
 )
 
-MEMORY = "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]).returncode; " \
-         "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)"
+MEMORY = (
+    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]).returncode; "
+    "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)"
+)
 
 MD = """
 import time, ase.io, numpy as np
@@ -130,7 +134,8 @@ class PairSum(torch.nn.Module):
                 selected_atoms: Optional[Labels] = None) -> Dict[str, TensorMap]:
         energies = [(s.get_neighbor_list(self.neighbors).values ** 2).sum().reshape(1, 1) for s in systems]
         samples = Labels("system", torch.arange(len(systems), dtype=torch.int32).reshape(-1, 1))
-        block = TensorBlock(1e-3 * torch.cat(energies), samples, [], Labels("energy", torch.zeros((1, 1), dtype=torch.int32)))
+        properties = Labels("energy", torch.zeros((1, 1), dtype=torch.int32))
+        block = TensorBlock(1e-3 * torch.cat(energies), samples, [], properties)
         return {"energy": TensorMap(Labels("_", torch.zeros((1, 1), dtype=torch.int32)), [block])}
 
 capabilities = ModelCapabilities(
@@ -154,12 +159,14 @@ def setup_metatrain() -> None:
 def run_tool(tool: str, dataset: str, epochs: int, seed: int, folder: Path) -> dict:
     file, unit, derivatives = DATASETS[dataset]
     key = "U0" if dataset == "qm9" else "energy"
-    (folder / "options.yaml").write_text(OPTIONS.format(
-        epochs=epochs, seed=seed, file=DATA / file, key=key, unit=unit, derivatives=derivatives))
+    (folder / "options.yaml").write_text(
+        OPTIONS.format(epochs=epochs, seed=seed, file=DATA / file, key=key, unit=unit, derivatives=derivatives)
+    )
     command = [sys.executable, "-m", "mtt"] if tool == "mtt" else [str(VENV / "bin" / "python"), "-c", METATRAIN_MS]
     started = datetime.now()
-    result = subprocess.run([sys.executable, "-c", MEMORY, *command, "train", "options.yaml"],
-                            cwd=folder, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", MEMORY, *command, "train", "options.yaml"], cwd=folder, capture_output=True, text=True
+    )
     total = (datetime.now() - started).total_seconds()
     if result.returncode != 0:
         raise SystemExit(f"{tool} failed on {dataset}:\n{result.stderr[-3000:]}")
@@ -184,12 +191,18 @@ def run_tool(tool: str, dataset: str, epochs: int, seed: int, folder: Path) -> d
         stamps = re.findall(r"^\[(\S+ \S+)\]\[INFO\] - Epoch", text, re.M)
         times = [datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f") for s in stamps]
         per_epoch = (times[-1] - times[0]).total_seconds() / (len(times) - 1)
-        test = text[text.rindex("Evaluating test dataset"):]
+        test = text[text.rindex("Evaluating test dataset") :]
         energy = _in_mev(re.search(r"energy RMSE \(per atom\): ([\d.e+-]+) (\S+)", test))
         forces = re.search(r"(?:forces|energy_positions_gradients) RMSE: ([\d.e+-]+) (\S+)", test)
         forces = _in_mev(forces) if forces and dataset != "qm9" else None
-    return {"s/epoch": per_epoch, "structures/s": 90 / per_epoch, "fixed s": total - per_epoch * epochs,
-            "peak MB": peak_mb, "test E meV/atom": energy, "test F meV/A": forces}
+    return {
+        "s/epoch": per_epoch,
+        "structures/s": 90 / per_epoch,
+        "fixed s": total - per_epoch * epochs,
+        "peak MB": peak_mb,
+        "test E meV/atom": energy,
+        "test F meV/A": forces,
+    }
 
 
 def md_rate(tool: str, folder: Path, structure: Path, repeat: tuple, steps: int) -> float:
@@ -197,8 +210,9 @@ def md_rate(tool: str, folder: Path, structure: Path, repeat: tuple, steps: int)
     # metatrain's SOAP-BPNN registers its spherical-harmonics gradients from Python only
     preamble = "import sphericart.torch" if tool == "metatrain" else ""
     script = MD.format(preamble=preamble, structure=str(structure), repeat=repeat, steps=steps)
-    output = subprocess.run([python, "-c", textwrap.dedent(script)], cwd=folder, check=True,
-                            capture_output=True, text=True).stdout.split()
+    output = subprocess.run(
+        [python, "-c", textwrap.dedent(script)], cwd=folder, check=True, capture_output=True, text=True
+    ).stdout.split()
     return float(output[-1])
 
 
@@ -208,13 +222,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--md-steps", type=int, default=200)
-    parser.add_argument("--md-rounds", type=int, default=3,
-                        help="MD runs of each tool's model per training run, the tools alternating")
+    parser.add_argument(
+        "--md-rounds", type=int, default=3, help="MD runs of each tool's model per training run, the tools alternating"
+    )
     args = parser.parse_args()
     setup_metatrain()
     # MD after each training: ethanol as is, the 4-atom carbon cell repeated to 100 atoms
-    md_systems = {"ethanol": ("MD ethanol steps/s", (1, 1, 1), args.md_steps),
-                  "carbon": ("MD carbon 100 atoms steps/s", (5, 5, 1), args.md_steps // 4)}
+    md_systems = {
+        "ethanol": ("MD ethanol steps/s", (1, 1, 1), args.md_steps),
+        "carbon": ("MD carbon 100 atoms steps/s", (5, 5, 1), args.md_steps // 4),
+    }
     results: dict[tuple, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
         floor = Path(tmp) / "floor"
@@ -242,8 +259,10 @@ def main() -> None:
                             rate = md_rate(tool, folders[tool], DATA / DATASETS[dataset][0], repeat_cell, steps)
                             results.setdefault((dataset, name, tool), []).append(rate)
 
-    print(f"\nmtt vs metatrain 2026.4.1, {args.epochs} epochs, {args.repeats} runs each (seeds 42 to "
-          f"{41 + args.repeats}), medians [min-max]")
+    print(
+        f"\nmtt vs metatrain 2026.4.1, {args.epochs} epochs, {args.repeats} runs each (seeds 42 to "
+        f"{41 + args.repeats}), medians [min-max]"
+    )
     print(f"{'dataset':8s} {'figure':28s} {'mtt':>24s} {'metatrain':>24s} {'mtt/metatrain':>14s}")
     for dataset in args.datasets:
         names = [n for (d, n, t) in results if d == dataset and t == "mtt"]
@@ -257,8 +276,10 @@ def main() -> None:
     for (dataset, name, tool), rates in results.items():
         if tool == "floor":  # what a model that costs nothing would reach
             ceiling = statistics.median(rates) / statistics.median(results[(dataset, name, "metatrain")])
-            print(f"{dataset:8s} {name + ', floor':28s} {statistics.median(rates):9.3f} [{min(rates):.3f}-"
-                  f"{max(rates):.3f}]{'':>25s} {ceiling:14.2f}   (a model that computes nothing)")
+            print(
+                f"{dataset:8s} {name + ', floor':28s} {statistics.median(rates):9.3f} [{min(rates):.3f}-"
+                f"{max(rates):.3f}]{'':>25s} {ceiling:14.2f}   (a model that computes nothing)"
+            )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,22 @@ def run(ranks: int, epochs: int) -> tuple[float, float]:
         if ranks == 1:
             command = [sys.executable, "-m", "mtt", "train", "options.yaml"]
         else:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                       "-m", "mtt", "train", "options.yaml", "distributed=true"]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(ranks),
+                "-m",
+                "mtt",
+                "train",
+                "options.yaml",
+                "distributed=true",
+            ]
         subprocess.run(command, cwd=folder, check=True, capture_output=True)
         folder = run_folder(Path(folder))
         return seconds_per_epoch(folder), peak_memory_mb(folder)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,9 +68,11 @@ def main() -> None:
     one = statistics.median(times[1])
     for ranks, values in times.items():
         median = statistics.median(values)
-        print(f"{ranks} rank(s): {median:.3f} s/epoch (min {min(values):.3f}, max {max(values):.3f}), "
-              f"speed-up {one / median:.2f}x, efficiency {one / median / ranks:.0%}, "
-              f"peak memory per rank {max(peaks[ranks]):.0f} MB")
+        print(
+            f"{ranks} rank(s): {median:.3f} s/epoch (min {min(values):.3f}, max {max(values):.3f}), "
+            f"speed-up {one / median:.2f}x, efficiency {one / median / ranks:.0%}, "
+            f"peak memory per rank {max(peaks[ranks]):.0f} MB"
+        )
 
 
 if __name__ == "__main__":

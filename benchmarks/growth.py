@@ -36,8 +36,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000, 16000])
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--cache-memory-mb", type=float, default=1024.0,
-                        help="what the trainer may keep of the descriptor (0: nothing)")
+    parser.add_argument(
+        "--cache-memory-mb", type=float, default=1024.0, help="what the trainer may keep of the descriptor (0: nothing)"
+    )
     args = parser.parse_args()
     print(f"{'structures':>10s} {'s/epoch':>9s} {'s/epoch/1k':>11s} {'fixed s':>8s} {'peak MB':>8s}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -45,17 +46,25 @@ def main() -> None:
             folder = Path(tmp) / str(size)
             folder.mkdir()
             data = folder / "emt.xyz"
-            subprocess.run([sys.executable, str(GENERATOR), "--n-structures", str(size), "--output", str(data)],
-                           check=True, capture_output=True)
-            (folder / "options.yaml").write_text(OPTIONS.format(epochs=args.epochs, data=data, cache=args.cache_memory_mb))
+            subprocess.run(
+                [sys.executable, str(GENERATOR), "--n-structures", str(size), "--output", str(data)],
+                check=True,
+                capture_output=True,
+            )
+            (folder / "options.yaml").write_text(
+                OPTIONS.format(epochs=args.epochs, data=data, cache=args.cache_memory_mb)
+            )
             start = time.monotonic()
-            subprocess.run([sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=folder, check=True,
-                           capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=folder, check=True, capture_output=True
+            )
             total = time.monotonic() - start
             run = run_folder(folder)
             per_epoch = seconds_per_epoch(run)
-            print(f"{size:10d} {per_epoch:9.2f} {per_epoch / size * 1000:11.2f} "
-                  f"{total - per_epoch * args.epochs:8.1f} {peak_memory_mb(run):8.0f}")
+            print(
+                f"{size:10d} {per_epoch:9.2f} {per_epoch / size * 1000:11.2f} "
+                f"{total - per_epoch * args.epochs:8.1f} {peak_memory_mb(run):8.0f}"
+            )
 
 
 if __name__ == "__main__":

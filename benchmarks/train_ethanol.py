@@ -46,7 +46,9 @@ def run_once(epochs: int, overrides: list[str]) -> dict:
         start = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "mtt", "train", str(options), *overrides],
-            cwd=folder, capture_output=True, text=True,
+            cwd=folder,
+            capture_output=True,
+            text=True,
         )
         total = time.monotonic() - start
         if result.returncode != 0:

@@ -64,8 +64,13 @@ def md_rate(model: Path, atoms: str, steps: int) -> float:
 
 def eval_rate(model: Path, data: Path, folder: Path) -> float:
     (folder / "eval.yaml").write_text(f"systems: {data}\n")
-    output = subprocess.run([sys.executable, "-m", "mtt", "eval", str(model), "eval.yaml"],
-                            cwd=folder, check=True, capture_output=True, text=True).stdout
+    output = subprocess.run(
+        [sys.executable, "-m", "mtt", "eval", str(model), "eval.yaml"],
+        cwd=folder,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return float(re.search(r"\(([\d.]+) structures/s\)", output).group(1))
 
 
@@ -79,9 +84,12 @@ def main() -> None:
         ethanol = train(tmp / "ethanol", ETHANOL, "{key: energy, unit: kcal/mol, forces: forces}")
         metal = train(tmp / "emt", EMT, "{key: energy, unit: eV, forces: on, stress: on}")
         cases = {
-            "MD ethanol (9 atoms), steps/s": lambda: md_rate(ethanol, f"ase.io.read({str(ETHANOL)!r}, '0')", args.steps),
+            "MD ethanol (9 atoms), steps/s": lambda: md_rate(
+                ethanol, f"ase.io.read({str(ETHANOL)!r}, '0')", args.steps
+            ),
             "MD Cu fcc 3x3x3 (108 atoms, periodic), steps/s": lambda: md_rate(
-                metal, "bulk('Cu', 'fcc', a=3.61, cubic=True).repeat((3, 3, 3))", args.steps // 4),
+                metal, "bulk('Cu', 'fcc', a=3.61, cubic=True).repeat((3, 3, 3))", args.steps // 4
+            ),
             "mtt eval ethanol (100 structures), structures/s": lambda: eval_rate(ethanol, ETHANOL, tmp / "ethanol"),
             "mtt eval EMT metals (100 structures), structures/s": lambda: eval_rate(metal, EMT, tmp / "emt"),
         }

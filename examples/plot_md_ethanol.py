@@ -64,9 +64,7 @@ if result.returncode != 0:
 # The reference energy of the first structure is in kcal/mol in the file; the model's
 # prediction is in eV. ``ase.units`` converts between them.
 
-calculator = MetatomicCalculator(
-    workdir / "model.pt", extensions_directory=workdir / "extensions"
-)
+calculator = MetatomicCalculator(workdir / "model.pt", extensions_directory=workdir / "extensions")
 
 dataset = HERE / "../../shared/data/ethanol_reduced_100.xyz"
 atoms = ase.io.read(dataset, index=0)
@@ -113,9 +111,7 @@ dynamics.run(400)
 potential, kinetic = np.array(potential), np.array(kinetic)
 total = potential + kinetic
 
-fig, (top, bottom) = plt.subplots(
-    2, 1, figsize=(7, 5), sharex=True, constrained_layout=True
-)
+fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, constrained_layout=True)
 top.plot(time, potential - potential.mean(), label="potential")
 top.plot(time, kinetic - kinetic.mean(), label="kinetic")
 top.set_ylabel("energy - mean (eV)")

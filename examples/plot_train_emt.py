@@ -54,9 +54,7 @@ workdir = Path(tempfile.mkdtemp(prefix="mtt-example-"))
 def mtt(*arguments):
     """Run ``mtt`` with these arguments in ``workdir``, show what it prints."""
     command = [sys.executable, "-m", "mtt", *arguments]
-    result = subprocess.run(
-        command, cwd=workdir, capture_output=True, text=True
-    )
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
     print(result.stdout)
     if result.returncode != 0:
         raise RuntimeError(f"mtt failed:\n{result.stderr}")
@@ -113,9 +111,7 @@ plt.show()
 # ``metatomic_ase.MetatomicCalculator`` makes an ASE calculator of it: the same model can
 # drive molecular dynamics in ASE, LAMMPS or i-PI.
 
-calculator = MetatomicCalculator(
-    workdir / "model.pt", extensions_directory=workdir / "extensions"
-)
+calculator = MetatomicCalculator(workdir / "model.pt", extensions_directory=workdir / "extensions")
 
 # %%
 # ``indices/test.txt`` says which structures went to the test set: the file and the
@@ -159,10 +155,8 @@ print(f"forces RMSE: {forces_rmse:.4g} meV/Å")
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), constrained_layout=True)
 panels = [
-    ("energy per atom", "eV/atom", reference_energy, predicted_energy,
-     f"{energy_rmse:.3g} meV/atom"),
-    ("force components", "eV/Å", reference_forces, predicted_forces,
-     f"{forces_rmse:.3g} meV/Å"),
+    ("energy per atom", "eV/atom", reference_energy, predicted_energy, f"{energy_rmse:.3g} meV/atom"),
+    ("force components", "eV/Å", reference_forces, predicted_forces, f"{forces_rmse:.3g} meV/Å"),
 ]
 for ax, (label, unit, reference, predicted, error) in zip(axes, panels):
     low = min(reference.min(), predicted.min())

@@ -101,17 +101,13 @@ def test_yaml_syntax_error(tmp_path, data_file):
 def test_typo_in_options_file(tmp_path, data_file):
     write_options(tmp_path, OPTIONS.replace("num_epochs: 1", "num_epoch: 1"))
     result = run_mtt("train", "options.yaml", cwd=tmp_path)
-    assert_user_error(
-        result, "unknown option 'architecture.training.num_epoch'", "'architecture.training.num_epochs'"
-    )
+    assert_user_error(result, "unknown option 'architecture.training.num_epoch'", "'architecture.training.num_epochs'")
     assert_nothing_written(tmp_path)
 
 
 def test_typo_in_override(tmp_path, options):
     result = run_mtt("train", "options.yaml", "architecture.training.num_epoch=2", cwd=tmp_path)
-    assert_user_error(
-        result, "unknown option 'architecture.training.num_epoch'", "'architecture.training.num_epochs'"
-    )
+    assert_user_error(result, "unknown option 'architecture.training.num_epoch'", "'architecture.training.num_epochs'")
     assert_nothing_written(tmp_path)
 
 
@@ -230,9 +226,7 @@ def test_target_key_not_in_file(tmp_path, data_file):
 def test_unknown_energy_unit(tmp_path, data_file):
     write_options(tmp_path, OPTIONS.replace("unit: eV", "unit: kcal/mole"))
     result = run_mtt("train", "options.yaml", cwd=tmp_path)
-    assert_user_error(
-        result, "'kcal/mole'", "'training_set.targets.energy.unit'", "Did you mean 'kcal/mol'", "Hartree"
-    )
+    assert_user_error(result, "'kcal/mole'", "'training_set.targets.energy.unit'", "Did you mean 'kcal/mol'", "Hartree")
     assert_nothing_written(tmp_path)
 
 
@@ -287,7 +281,9 @@ def test_validation_set_without_the_forces_of_the_training_set(tmp_path, data_fi
     ase.io.write(tmp_path / "energies.xyz", frames)
     write_options(
         tmp_path,
-        OPTIONS.replace("validation_set: 0.25", "validation_set:\n  systems: energies.xyz\n  targets: {energy: energy}"),
+        OPTIONS.replace(
+            "validation_set: 0.25", "validation_set:\n  systems: energies.xyz\n  targets: {energy: energy}"
+        ),
     )
     result = run_mtt("train", "options.yaml", cwd=tmp_path)
     assert_user_error(result, "'validation_set' gives energy [eV]", "energy [eV] + forces + stress", "off")

@@ -119,7 +119,9 @@ def test_unknown_length_unit(tmp_path, cells):
     options = load_options(
         write_options(tmp_path, "training_set: cells.xyz\n"), ["training_set.systems.length_unit=bhor"]
     )
-    with pytest.raises(OptionsError, match="unknown length unit 'bhor' in 'training_set.systems.length_unit'. Did you mean 'bohr'"):
+    with pytest.raises(
+        OptionsError, match="unknown length unit 'bhor' in 'training_set.systems.length_unit'. Did you mean 'bohr'"
+    ):
         load_splits(options.raw, tmp_path, 0)
 
 
@@ -131,7 +133,9 @@ def test_energies_keep_double_precision(tmp_path, shared_data):
     frames = ase.io.read(path, ":")
     for atoms, structure in zip(frames, by_index(splits)):
         assert structure.values["energy"].dtype.is_floating_point
-        assert float(structure.values["energy"]) == pytest.approx(atoms.get_potential_energy() * factor, rel=1e-14, abs=0)
+        assert float(structure.values["energy"]) == pytest.approx(
+            atoms.get_potential_energy() * factor, rel=1e-14, abs=0
+        )
         np.testing.assert_allclose(structure.forces["energy"].numpy(), atoms.get_forces() * factor, rtol=1e-14)
 
 
@@ -197,9 +201,7 @@ def test_virial_in_other_units(tmp_path, cells):
         atoms.info["energy"] = -14.0
         atoms.info["virial"] = FULL * (i + 1)
     ase.io.write(tmp_path / "virial.xyz", cells)
-    splits = load(
-        tmp_path, single_set("virial.xyz", "    energy: {key: energy, unit: kcal/mol}\n", length_unit="bohr")
-    )
+    splits = load(tmp_path, single_set("virial.xyz", "    energy: {key: energy, unit: kcal/mol}\n", length_unit="bohr"))
     factor = ase.units.kcal / ase.units.mol
     for i, (atoms, structure) in enumerate(zip(cells, by_index(splits))):
         volume = abs(np.linalg.det(atoms.cell.array)) * ase.units.Bohr**3

@@ -26,11 +26,18 @@ SLURM_SCRIPTS = SHARED_DATA.parent / "slurm"
 
 # -- the launcher's variables ------------------------------------------------------------
 def test_slurm_variables():
-    launch = detect_launch({
-        "SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
-        "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_TASKS_PER_NODE": "4(x2)",
-        "SLURM_GPUS_PER_NODE": "a100:4",
-    })
+    launch = detect_launch(
+        {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_LOCALID": "1",
+            "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_JOB_NODELIST": "gpu[07-08]",
+            "SLURM_TASKS_PER_NODE": "4(x2)",
+            "SLURM_GPUS_PER_NODE": "a100:4",
+        }
+    )
     assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == ("slurm", 5, 8, 1)
     assert (launch.num_nodes, launch.local_world_size, launch.master_addr) == (2, 4, "gpu07")
     assert launch.gpus_per_node == 4
@@ -42,10 +49,18 @@ def test_slurm_defaults_to_one_node():
 
 
 def test_torchrun_variables_win_inside_a_slurm_job():
-    launch = detect_launch({
-        "SLURM_JOB_ID": "9", "SLURM_PROCID": "0", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400",
-    })
+    launch = detect_launch(
+        {
+            "SLURM_JOB_ID": "9",
+            "SLURM_PROCID": "0",
+            "RANK": "3",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29400",
+        }
+    )
     assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == ("torchrun", 3, 4, 1)
     assert (launch.master_addr, launch.master_port) == ("10.0.0.1", 29400)
 
@@ -56,8 +71,12 @@ def test_no_launcher():
 
 @pytest.mark.parametrize(
     "nodelist, hosts",
-    [("node01", ["node01"]), ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
-     ("a[9-10],b", ["a9", "a10", "b"]), ("x[001-002]-ib", ["x001-ib", "x002-ib"])],
+    [
+        ("node01", ["node01"]),
+        ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+        ("a[9-10],b", ["a9", "a10", "b"]),
+        ("x[001-002]-ib", ["x001-ib", "x002-ib"]),
+    ],
 )
 def test_nodelist_expansion(nodelist, hosts):
     assert expand_nodelist(nodelist) == hosts
@@ -112,7 +131,10 @@ def single_process_reference(tmp_path: Path, *overrides: str) -> str:
     options = write_options(folder, OPTIONS)
     result = subprocess.run(
         [sys.executable, "-m", "mtt", "train", str(options), "architecture.training.batch_size=16", *overrides],
-        cwd=folder, capture_output=True, text=True, timeout=600,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     return printed_test_metrics(result.stdout)
@@ -121,9 +143,22 @@ def single_process_reference(tmp_path: Path, *overrides: str) -> str:
 def test_torchrun_two_processes_match_one(tmp_path):
     options = write_options(tmp_path, OPTIONS)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "mtt", "train",
-         str(options), "distributed=true"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "mtt",
+            "train",
+            str(options),
+            "distributed=true",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     assert "2 ranks on 1 node(s), launched by torchrun, gloo backend" in result.stdout
@@ -139,7 +174,9 @@ def slurm():
             pytest.fail(f"CI must provide the SLURM scripts at {SLURM_SCRIPTS}")
         pytest.skip(f"no local SLURM scripts at {SLURM_SCRIPTS}")
     running = subprocess.run(["sinfo"], capture_output=True).returncode == 0 if shutil.which("sinfo") else False
-    started = subprocess.run(["bash", str(SLURM_SCRIPTS / "start-local-slurm.sh")], capture_output=True, text=True, timeout=300)
+    started = subprocess.run(
+        ["bash", str(SLURM_SCRIPTS / "start-local-slurm.sh")], capture_output=True, text=True, timeout=300
+    )
     assert started.returncode == 0, started.stderr
     yield
     if not running:
@@ -148,8 +185,9 @@ def slurm():
 
 def srun(tmp_path: Path, *args: str, tasks: int = 2, env: dict | None = None, timeout: float = 600):
     command = ["srun", "-n", str(tasks), sys.executable, "-m", "mtt", "train", *args]
-    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 @pytest.mark.slurm
@@ -182,8 +220,14 @@ def test_port_in_use_ends_every_rank(slurm, tmp_path):
         holder.listen()
         port = holder.getsockname()[1]
         started = time.monotonic()
-        result = srun(tmp_path, str(options), "distributed=true", f"distributed.port={port}",
-                      "distributed.timeout=10", timeout=120)
+        result = srun(
+            tmp_path,
+            str(options),
+            "distributed=true",
+            f"distributed.port={port}",
+            "distributed.timeout=10",
+            timeout=120,
+        )
         elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert f"port {port}" in result.stderr and "already in use" in result.stderr
@@ -194,11 +238,20 @@ def test_port_in_use_ends_every_rank(slurm, tmp_path):
 
 @pytest.mark.slurm
 def test_a_failing_rank_ends_every_rank(slurm, tmp_path):
-    options = write_options(tmp_path, OPTIONS.replace("name: soap_bpnn", "name: failing").replace(
-        "  model:\n    soap: {max_radial: 3, max_angular: 2}\n", ""))
+    options = write_options(
+        tmp_path,
+        OPTIONS.replace("name: soap_bpnn", "name: failing").replace(
+            "  model:\n    soap: {max_radial: 3, max_angular: 2}\n", ""
+        ),
+    )
     started = time.monotonic()
-    result = srun(tmp_path, str(options), "distributed=true", timeout=180,
-                  env={"PYTHONPATH": str(PLUGINS), "MTT_TEST_FAIL_RANK": "1", "MTT_TEST_FAIL_AFTER": "3"})
+    result = srun(
+        tmp_path,
+        str(options),
+        "distributed=true",
+        timeout=180,
+        env={"PYTHONPATH": str(PLUGINS), "MTT_TEST_FAIL_RANK": "1", "MTT_TEST_FAIL_AFTER": "3"},
+    )
     assert result.returncode != 0
     assert time.monotonic() - started < 120
     assert "mtt (rank 1): architecture error" in result.stderr
@@ -219,7 +272,10 @@ def test_sigusr1_checkpoints_and_restart_auto_finishes_the_same(slurm, tmp_path)
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(
         ["srun", "-n", "2", sys.executable, "-m", "mtt", "train", str(options), "distributed=true", epochs],
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + 300
     while "epoch 1/15" not in (tmp_path / "first.log").read_text() and time.monotonic() < deadline:
@@ -241,8 +297,9 @@ def test_example_sbatch_script(slurm, tmp_path):
     write_options(tmp_path, OPTIONS)
     shutil.copy(ROOT / "examples" / "slurm" / "train.sbatch", tmp_path)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    result = subprocess.run(["sbatch", "--wait", "train.sbatch"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=600, env=env)
+    result = subprocess.run(
+        ["sbatch", "--wait", "train.sbatch"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
     output = "".join(p.read_text() for p in tmp_path.glob("mtt-*.out"))
     assert result.returncode == 0, result.stderr + output
     assert "launched by slurm" in output

@@ -39,7 +39,9 @@ def _imported(path: Path) -> list[tuple[tuple[str, ...], int]]:
                 if not node.module:  # `from . import name`: a module, or a name of the package
                     for alias in node.names:
                         name = base + (alias.name,)
-                        is_module = PACKAGE.joinpath(*name).is_dir() or PACKAGE.joinpath(*name).with_suffix(".py").is_file()
+                        is_module = (
+                            PACKAGE.joinpath(*name).is_dir() or PACKAGE.joinpath(*name).with_suffix(".py").is_file()
+                        )
                         found.append((name if is_module else base, node.lineno))
                     continue
             elif node.module and node.module.split(".")[0] == "mtt":

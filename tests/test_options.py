@@ -297,9 +297,7 @@ def test_a_file_name_reads_an_energy_target(tmp_path, data_file):
 
 
 def test_overrides_apply_to_a_short_form(tmp_path, data_file):
-    options = compose(
-        tmp_path, "training_set: data.xyz\n", ("training_set.targets.energy.unit=kcal/mol",)
-    )
+    options = compose(tmp_path, "training_set: data.xyz\n", ("training_set.targets.energy.unit=kcal/mol",))
     assert options.raw["training_set"]["systems"]["read_from"] == str(data_file)
     assert options.raw["training_set"]["targets"]["energy"]["unit"] == "kcal/mol"
 
@@ -311,8 +309,7 @@ def test_a_target_given_by_its_key(tmp_path, data_file):
     ase.io.write(data_file, frames)
     options = compose(
         tmp_path,
-        "training_set:\n  systems: data.xyz\n  targets:\n    energy: e_dft\n"
-        "validation_set: data.xyz\ntest_set: 0\n",
+        "training_set:\n  systems: data.xyz\n  targets:\n    energy: e_dft\nvalidation_set: data.xyz\ntest_set: 0\n",
     )
     assert options.raw["training_set"]["targets"]["energy"] == {"key": "e_dft"}
     splits = load_splits(options.raw, tmp_path, 0)
@@ -331,7 +328,8 @@ def test_a_target_given_by_its_key(tmp_path, data_file):
 def test_forces_off(tmp_path, data_file, text, overrides):
     options = compose(
         tmp_path,
-        "training_set:\n  systems: data.xyz\n  targets:\n    energy:\n      key: energy\n" + text
+        "training_set:\n  systems: data.xyz\n  targets:\n    energy:\n      key: energy\n"
+        + text
         + "validation_set: 0.25\ntest_set: 0\n",
         overrides,
     )

@@ -53,9 +53,17 @@ def test_train_writes_the_run_folder_and_the_model(tmp_path, emt_file):
     assert re.search(r"forces rmse [\d.]+ meV/A", result.stdout)
 
     folder = run_folder(tmp_path)
-    for name in ["train.log", "metrics.csv", "options.yaml", "model.ckpt", "model.pt",
-                 "indices/training.txt", "indices/validation.txt", "indices/test.txt",
-                 "checkpoints/epoch_2.ckpt"]:
+    for name in [
+        "train.log",
+        "metrics.csv",
+        "options.yaml",
+        "model.ckpt",
+        "model.pt",
+        "indices/training.txt",
+        "indices/validation.txt",
+        "indices/test.txt",
+        "checkpoints/epoch_2.ckpt",
+    ]:
         assert (folder / name).is_file(), name
     assert (tmp_path / "exported" / "potential.pt").is_file()
     assert (tmp_path / "exported" / "extensions").is_dir()
@@ -66,8 +74,10 @@ def test_train_writes_the_run_folder_and_the_model(tmp_path, emt_file):
     assert "validation_energy_per_atom_rmse [meV/atom]" in rows[0]
     assert all(math.isfinite(float(v)) for v in rows[-1].values() if v)
 
-    split = {name: (folder / "indices" / f"{name}.txt").read_text().splitlines()
-             for name in ["training", "validation", "test"]}
+    split = {
+        name: (folder / "indices" / f"{name}.txt").read_text().splitlines()
+        for name in ["training", "validation", "test"]
+    }
     assert (len(split["training"]), len(split["validation"]), len(split["test"])) == (80, 10, 10)
     assert not set(split["training"]) & set(split["test"])
 
@@ -135,15 +145,25 @@ def test_float32_training(tmp_path, emt_file, architecture):
 
 SHARED = {
     "ethanol": ("ethanol_reduced_100.xyz", "energy: {key: energy, unit: kcal/mol, forces: forces}", "forces rmse"),
-    "qm9": ("qm9_reduced_100.xyz", "energy: {key: U0, unit: Hartree}\n    gap: {key: epsgap, unit: Hartree}", "gap rmse"),
-    "carbon": ("carbon_reduced_100.xyz", "energy: {key: energy, unit: eV, forces: force, virial: virial}", "stress rmse"),
+    "qm9": (
+        "qm9_reduced_100.xyz",
+        "energy: {key: U0, unit: Hartree}\n    gap: {key: epsgap, unit: Hartree}",
+        "gap rmse",
+    ),
+    "carbon": (
+        "carbon_reduced_100.xyz",
+        "energy: {key: energy, unit: eV, forces: force, virial: virial}",
+        "stress rmse",
+    ),
 }
 
 
 @pytest.mark.parametrize("dataset", sorted(SHARED))
 def test_train_on_the_shared_dft_datasets(tmp_path, shared_data, dataset):
     file, targets, expected = SHARED[dataset]
-    options = write_options(tmp_path, f"""
+    options = write_options(
+        tmp_path,
+        f"""
 seed: 1
 architecture:
   name: soap_bpnn
@@ -155,7 +175,8 @@ training_set:
     {targets}
 test_set: 0.1
 validation_set: 0.1
-""")
+""",
+    )
     result = run_mtt("train", str(options), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     test_line = next(line for line in result.stdout.splitlines() if line.startswith("test set"))

@@ -48,7 +48,9 @@ def emt_model(tmp_path_factory) -> Path:
 
 def run_python(script: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Python in a fresh process, as a simulation script would run."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stderr
     return result
 
@@ -62,7 +64,7 @@ def md_drift(model: Path, structure: str, steps: int, temperature: float) -> flo
         from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
         from metatomic_ase import MetatomicCalculator
         atoms = ase.io.read({structure!r})
-        atoms.calc = MetatomicCalculator({str(model)!r}, extensions_directory={str(model.parent / 'extensions')!r})
+        atoms.calc = MetatomicCalculator({str(model)!r}, extensions_directory={str(model.parent / "extensions")!r})
         MaxwellBoltzmannDistribution(atoms, temperature_K={temperature}, rng=np.random.default_rng(0))
         Stationary(atoms)
         dynamics = VelocityVerlet(atoms, timestep=0.5 * units.fs)
@@ -79,7 +81,9 @@ def md_drift(model: Path, structure: str, steps: int, temperature: float) -> flo
 
 @pytest.mark.slow
 def test_nve_md_of_ethanol_conserves_energy(tmp_path, shared_data):
-    model = train(tmp_path, shared_data / "ethanol_reduced_100.xyz", "{key: energy, unit: kcal/mol, forces: forces}", epochs=10)
+    model = train(
+        tmp_path, shared_data / "ethanol_reduced_100.xyz", "{key: energy, unit: kcal/mol, forces: forces}", epochs=10
+    )
     first = ase.io.read(shared_data / "ethanol_reduced_100.xyz", "0")
     first.calc = None
     ase.io.write(tmp_path / "start.xyz", first)
@@ -118,7 +122,7 @@ def test_exported_model_matches_training_predictions_and_finite_differences(tmp_
         import ase.io, numpy as np
         from metatomic_ase import MetatomicCalculator
         atoms = ase.io.read({str(EMT_DATA)!r}, "5")
-        atoms.calc = MetatomicCalculator({str(emt_model)!r}, extensions_directory={str(folder / 'extensions')!r})
+        atoms.calc = MetatomicCalculator({str(emt_model)!r}, extensions_directory={str(folder / "extensions")!r})
         forces = atoms.get_forces()
         step, worst = 1e-4, 0.0
         for atom in range(min(3, len(atoms))):
@@ -143,7 +147,9 @@ def _eval_options(folder: Path) -> Path:
 
 
 def test_molecules_get_no_stress(tmp_path, shared_data):
-    model = train(tmp_path, shared_data / "ethanol_reduced_100.xyz", "{key: energy, unit: kcal/mol, forces: forces}", epochs=1)
+    model = train(
+        tmp_path, shared_data / "ethanol_reduced_100.xyz", "{key: energy, unit: kcal/mol, forces: forces}", epochs=1
+    )
     (tmp_path / "eval.yaml").write_text(f"systems: {shared_data / 'ethanol_reduced_100.xyz'}\n")
     result = run_mtt("eval", str(model), "eval.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -157,9 +163,9 @@ def test_float32_model_runs_in_ase(tmp_path):
         import ase.io
         from metatomic_ase import MetatomicCalculator
         from metatomic.torch import load_atomistic_model
-        print(load_atomistic_model({str(model)!r}, {str(tmp_path / 'extensions')!r}).capabilities().dtype)
+        print(load_atomistic_model({str(model)!r}, {str(tmp_path / "extensions")!r}).capabilities().dtype)
         atoms = ase.io.read({str(EMT_DATA)!r}, "0")
-        atoms.calc = MetatomicCalculator({str(model)!r}, extensions_directory={str(tmp_path / 'extensions')!r})
+        atoms.calc = MetatomicCalculator({str(model)!r}, extensions_directory={str(tmp_path / "extensions")!r})
         print(atoms.get_potential_energy(), atoms.get_forces().dtype)
     """)
     assert output.stdout.startswith("float32")
@@ -170,7 +176,7 @@ def test_eval_writes_predictions_table_and_plots(tmp_path, emt_model):
     result = run_mtt("eval", str(emt_model), "eval.yaml", "--plots", "-o", "out/predictions.xyz", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "100 structures" in result.stdout
-    table = result.stdout[result.stdout.index("quantity"):]
+    table = result.stdout[result.stdout.index("quantity") :]
     for row in ("energy per atom", "forces", "stress", "meV/atom", "meV/A"):
         assert row in table
     frames = ase.io.read(tmp_path / "out" / "predictions.xyz", ":")
@@ -222,8 +228,13 @@ def test_stored_checkpoint_still_exports_and_evaluates(tmp_path):
 
 
 def test_stored_checkpoint_restarts(tmp_path):
-    options = write_options(tmp_path, (ROOT / "tests" / "data" / "checkpoint-v1.yaml").read_text().replace(
-        "../../examples/data/emt_metals.xyz", str(EMT_DATA)).replace("num_epochs: 2", "num_epochs: 3"))
+    options = write_options(
+        tmp_path,
+        (ROOT / "tests" / "data" / "checkpoint-v1.yaml")
+        .read_text()
+        .replace("../../examples/data/emt_metals.xyz", str(EMT_DATA))
+        .replace("num_epochs: 2", "num_epochs: 3"),
+    )
     result = run_mtt("train", str(options), "--restart", str(STORED_CHECKPOINT), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "continuing after epoch 2" in result.stdout
@@ -272,9 +283,13 @@ def test_export_refuses_bad_checkpoints_and_writes_nothing(tmp_path, kind):
     result = run_mtt("export", str(path), "-o", "model.pt", cwd=tmp_path)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    message = {"newer": "version 99, newer than", "truncated": "not a readable mtt checkpoint",
-               "foreign": "is not an mtt checkpoint", "text": "not a readable mtt checkpoint",
-               "pickle": "not a readable mtt checkpoint"}[kind]
+    message = {
+        "newer": "version 99, newer than",
+        "truncated": "not a readable mtt checkpoint",
+        "foreign": "is not an mtt checkpoint",
+        "text": "not a readable mtt checkpoint",
+        "pickle": "not a readable mtt checkpoint",
+    }[kind]
     assert message in result.stderr
     assert not (tmp_path / "model.pt").exists()
     assert not (tmp_path / "extensions").exists()

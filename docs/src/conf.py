@@ -43,6 +43,7 @@ html_css_files = ["mtt.css"]
 pygments_style = "friendly"
 pygments_dark_style = "monokai"
 
+
 # -- autodoc ------------------------------------------------------------------------------
 def _name_torchscript_classes():
     """Show metatensor's and metatomic's TorchScript classes by name in signatures.

@@ -78,9 +78,7 @@ def slab_cell_sizes() -> List[int]:
     return [nx * ny * layers for (nx, ny), layers in SLAB_CELLS]
 
 
-def make_bulk(
-    rng: np.random.Generator, symbol: str, a: float, max_atoms: int
-) -> Atoms:
+def make_bulk(rng: np.random.Generator, symbol: str, a: float, max_atoms: int) -> Atoms:
     """Random fcc supercell of ``symbol`` with lattice constant ``a``."""
     allowed = [i for i, n in enumerate(bulk_cell_sizes()) if n <= max_atoms]
     cubic, repeat = BULK_CELLS[rng.choice(allowed)]
@@ -138,9 +136,7 @@ def label(atoms: Atoms) -> None:
     atoms.arrays["forces"] = forces
 
 
-def generate(
-    n_structures: int, seed: int, max_atoms: Optional[int] = None
-) -> List[Atoms]:
+def generate(n_structures: int, seed: int, max_atoms: Optional[int] = None) -> List[Atoms]:
     """Generate ``n_structures`` labelled structures, deterministic in ``seed``."""
     if max_atoms is None:
         max_atoms = max(bulk_cell_sizes() + slab_cell_sizes())

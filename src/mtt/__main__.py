@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("options", help="the options file (YAML)")
     train.add_argument("overrides", nargs="*", help="key=value overrides of the options")
-    train.add_argument("-o", "--output", default="model.pt", help="where to write the exported model (default: model.pt)")
+    train.add_argument(
+        "-o", "--output", default="model.pt", help="where to write the exported model (default: model.pt)"
+    )
     train.add_argument(
         "--restart",
         metavar="CHECKPOINT",
@@ -72,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("model", help="an exported model (.pt) or an mtt checkpoint (.ckpt)")
     evaluate.add_argument("options", help="YAML file with the dataset(s) to evaluate on")
-    evaluate.add_argument("-o", "--output", default="predictions.xyz", help="predictions file (default: predictions.xyz)")
+    evaluate.add_argument(
+        "-o", "--output", default="predictions.xyz", help="predictions file (default: predictions.xyz)"
+    )
     evaluate.add_argument("--plots", action="store_true", help="write a parity plot (PNG) per target")
     evaluate.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")
     return parser

@@ -72,8 +72,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     version = content.get("version")
     if not isinstance(version, int) or version > VERSION:
         raise CheckpointError(
-            f"'{path}' has checkpoint version {version}, newer than this mtt ({__version__}) "
-            f"reads (up to {VERSION}).",
+            f"'{path}' has checkpoint version {version}, newer than this mtt ({__version__}) reads (up to {VERSION}).",
             hint="Upgrade mtt to use it: pip install --upgrade mtt.",
         )
     while content["version"] < VERSION:

@@ -367,8 +367,7 @@ def peer_failure(error: BaseException, environment: DistributedEnvironment | Non
     if not any(clue in text for clue in clues):
         return None
     return EnvironmentProblem(
-        f"rank {environment.rank} stopped because another rank stopped first "
-        f"({str(error).splitlines()[0]}).",
+        f"rank {environment.rank} stopped because another rank stopped first ({str(error).splitlines()[0]}).",
         hint="The first rank to fail says why, on stderr and in its error.rank<N>.log file in the run folder.",
     )
 

@@ -82,7 +82,9 @@ def load_trained_model(path: str | Path) -> EvaluatedModel:
 
     extensions = path.parent / "extensions"
     try:
-        atomistic = load_atomistic_model(str(path), extensions_directory=str(extensions) if extensions.is_dir() else None)
+        atomistic = load_atomistic_model(
+            str(path), extensions_directory=str(extensions) if extensions.is_dir() else None
+        )
     except Exception as error:
         raise CheckpointError(
             f"could not load '{path}' as a metatomic model: {str(error).splitlines()[0]}",

@@ -122,7 +122,11 @@ class Progress:
         eta = elapsed / done * (self.total - epoch) if done else math.nan
         LOGGER.info(
             "epoch %d/%d: %s | %.1f structures/s, ETA %s",
-            epoch, self.total, summary, rate, _duration(eta),
+            epoch,
+            self.total,
+            summary,
+            rate,
+            _duration(eta),
         )
 
     def close(self) -> None:

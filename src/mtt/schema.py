@@ -28,9 +28,7 @@ def option(default: Any = REQUIRED, doc: str = "") -> Any:
         )
     if dataclasses.is_dataclass(default):
         value = default
-        return dataclasses.field(
-            default_factory=lambda: dataclasses.replace(value), metadata={"doc": doc}
-        )
+        return dataclasses.field(default_factory=lambda: dataclasses.replace(value), metadata={"doc": doc})
     return dataclasses.field(default=default, metadata={"doc": doc})
 
 
@@ -42,9 +40,7 @@ def defaults_of(cls: type) -> dict:
             result[field.name] = field.default
         elif field.default_factory is not dataclasses.MISSING:
             value = field.default_factory()
-            result[field.name] = (
-                dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-            )
+            result[field.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
     return result
 
 
@@ -110,10 +106,7 @@ def _parse(annotation: Any, value: Any, path: str, problems: list[str]) -> Any:
         if value in allowed and type(value) in {type(a) for a in allowed}:
             return value
         hint = did_you_mean(str(value), [str(a) for a in allowed])
-        problems.append(
-            f"'{path}' must be one of {', '.join(repr(a) for a in allowed)}, "
-            f"got {value!r}.{hint}"
-        )
+        problems.append(f"'{path}' must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}.{hint}")
         return None
     if origin is list:
         if not isinstance(value, (list, tuple)):
@@ -167,9 +160,7 @@ def _parse_dataclass(cls: type, value: Any, path: str, problems: list[str]) -> A
     prefix = f"{path}." if path else ""
     for key in value:
         if key not in fields:
-            problems.append(
-                f"unknown option '{prefix}{key}'.{did_you_mean(str(key), fields, prefix)}"
-            )
+            problems.append(f"unknown option '{prefix}{key}'.{did_you_mean(str(key), fields, prefix)}")
     kwargs = {}
     for name, field in fields.items():
         if name in value:

@@ -128,8 +128,10 @@ class ArchitectureTests:
         strain = torch.zeros(3, 3, dtype=torch.float64)
         strain[0, 1] = strain[1, 0] = step
         deformed = [
-            energy(structure.positions @ (torch.eye(3) + sign * strain).T.to(torch.float64),
-                   structure.cell @ (torch.eye(3) + sign * strain).T.to(torch.float64))
+            energy(
+                structure.positions @ (torch.eye(3) + sign * strain).T.to(torch.float64),
+                structure.cell @ (torch.eye(3) + sign * strain).T.to(torch.float64),
+            )
             for sign in (1, -1)
         ]
         volume = abs(float(torch.det(structure.cell)))
@@ -142,18 +144,30 @@ class ArchitectureTests:
 
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
-        for derivatives, flat in itertools.product((False, True), (False, True) if model.uses_flat_batches() else (False,)):
+        for derivatives, flat in itertools.product(
+            (False, True), (False, True) if model.uses_flat_batches() else (False,)
+        ):
             target = TargetInfo("energy", "energy", "eV", forces=derivatives, stress=derivatives)
             targets = DatasetInfo(info.atomic_types, {"energy": target})
             kept = PrecomputedInputs(model, derivatives, budget_mb=100)
             results = []
             for use in (False, True, True):  # computed, then kept, then reused
-                batch = make_batch(structures, torch.float64, torch.device("cpu"), derivatives, derivatives,
-                                   attach=kept.attach if use else None, flat=flat, keep=kept.keep if use else None)
+                batch = make_batch(
+                    structures,
+                    torch.float64,
+                    torch.device("cpu"),
+                    derivatives,
+                    derivatives,
+                    attach=kept.attach if use else None,
+                    flat=flat,
+                    keep=kept.keep if use else None,
+                )
                 predictions = predict(model, batch, targets, create_graph=derivatives)
                 loss = predictions.values["energy"].square().sum()
                 if derivatives:
-                    loss = loss + predictions.forces["energy"].square().sum() + predictions.stress["energy"].square().sum()
+                    loss = (
+                        loss + predictions.forces["energy"].square().sum() + predictions.stress["energy"].square().sum()
+                    )
                 weights = [p for p in model.parameters() if p.requires_grad]
                 gradients = torch.autograd.grad(loss, weights, allow_unused=True) if weights else []
                 results.append((predictions, [g for g in gradients if g is not None]))
@@ -175,8 +189,11 @@ class ArchitectureTests:
         for flat in (False, True):
             batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True, flat=flat)
             predictions = predict(model, batch, info, create_graph=True)
-            loss = (predictions.values["energy"].square().sum() + predictions.forces["energy"].square().sum()
-                    + predictions.stress["energy"].square().sum())
+            loss = (
+                predictions.values["energy"].square().sum()
+                + predictions.forces["energy"].square().sum()
+                + predictions.stress["energy"].square().sum()
+            )
             gradients = torch.autograd.grad(loss, weights, allow_unused=True) if weights else []
             results.append((predictions, [g for g in gradients if g is not None]))
         (systems, expected), (flat, gradients) = results
@@ -222,7 +239,7 @@ class ArchitectureTests:
             from metatomic_ase import MetatomicCalculator
             atoms = ase.Atoms(numbers={structure.types.tolist()}, positions={structure.positions.tolist()},
                               cell={structure.cell.tolist()}, pbc=True)
-            atoms.calc = MetatomicCalculator({str(path)!r}, extensions_directory={str(tmp_path / 'extensions')!r})
+            atoms.calc = MetatomicCalculator({str(path)!r}, extensions_directory={str(tmp_path / "extensions")!r})
             print(atoms.get_potential_energy())
             print(*atoms.get_forces().reshape(-1))
             assert "mtt" not in sys.modules

@@ -142,9 +142,15 @@ def test_hand_written_derivatives_equal_autograd():
         direction = torch.randn(vectors.shape, dtype=torch.float64, generator=generator)
         results = []
         for features in (plain, ours):
-            gradient, = torch.autograd.grad((features * incoming).sum(), vectors, create_graph=True, retain_graph=True)
-            derivative, = torch.autograd.grad((gradient * direction).sum(), incoming)
+            (gradient,) = torch.autograd.grad(
+                (features * incoming).sum(), vectors, create_graph=True, retain_graph=True
+            )
+            (derivative,) = torch.autograd.grad((gradient * direction).sum(), incoming)
             results.append((gradient, derivative))
         (expected_gradient, expected_derivative), (gradient, derivative) = results
-        torch.testing.assert_close(gradient, expected_gradient, rtol=0, atol=1e-12 * float(expected_gradient.detach().abs().max()))
-        torch.testing.assert_close(derivative, expected_derivative, rtol=0, atol=1e-12 * float(expected_derivative.abs().max()))
+        torch.testing.assert_close(
+            gradient, expected_gradient, rtol=0, atol=1e-12 * float(expected_gradient.detach().abs().max())
+        )
+        torch.testing.assert_close(
+            derivative, expected_derivative, rtol=0, atol=1e-12 * float(expected_derivative.abs().max())
+        )

@@ -225,7 +225,8 @@ def options_reference() -> str:
         "",
         "- length units (``systems.length_unit``): " + ", ".join(f"``{u}``" for u in units.KNOWN_LENGTH_UNITS) + ";",
         "- energy units (``unit`` of an energy target, and of forces and stress derived from it): "
-        + ", ".join(f"``{u}``" for u in units.KNOWN_ENERGY_UNITS) + ";",
+        + ", ".join(f"``{u}``" for u in units.KNOWN_ENERGY_UNITS)
+        + ";",
         "- other per-structure targets: an energy unit, ``Debye``, ``e*angstrom``, ``e*bohr``,",
         "  ``bohr^3``, ``angstrom^3``, or an empty unit to keep the values as they are.",
         "",
@@ -313,9 +314,7 @@ def _option_signature(action: argparse.Action, formatter: argparse.HelpFormatter
     return ", ".join(f"{s} {metavar}" for s in action.option_strings)
 
 
-def _describe_parser(
-    parser: argparse.ArgumentParser, program: str, underline: str, top: bool = False
-) -> list[str]:
+def _describe_parser(parser: argparse.ArgumentParser, program: str, underline: str, top: bool = False) -> list[str]:
     """A section for one (sub)command: description, usage, then its arguments.
 
     ``--help`` is only listed for the top-level command: every command has it.

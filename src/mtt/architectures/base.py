@@ -7,7 +7,6 @@ as metatensor ``TensorMap``, so the same module is used for training and, wrappe
 metatomic's ``AtomisticModel``, in ASE, LAMMPS and i-PI.
 """
 
-
 from typing import Dict, List, Optional
 
 import torch
@@ -144,7 +143,9 @@ class Model(torch.nn.Module):
             samples = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
             for i, name in enumerate(self.output_names):
                 if name in outputs:
-                    block = TensorBlock(values=totals[:, i : i + 1], samples=samples, components=[], properties=properties)
+                    block = TensorBlock(
+                        values=totals[:, i : i + 1], samples=samples, components=[], properties=properties
+                    )
                     results[name] = TensorMap(keys, [block])
             return results
 
@@ -172,9 +173,7 @@ class Model(torch.nn.Module):
             else:
                 summed = torch.zeros((len(systems), 1), dtype=values.dtype, device=device)
                 values = summed.index_add(0, system_of_atom, values)
-                samples = Labels(
-                    ["system"], torch.arange(len(systems), device=device, dtype=torch.int32)[:, None]
-                )
+                samples = Labels(["system"], torch.arange(len(systems), device=device, dtype=torch.int32)[:, None])
             block = TensorBlock(values=values, samples=samples, components=[], properties=properties)
             results[name] = TensorMap(keys, [block])
         return results

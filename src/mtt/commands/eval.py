@@ -31,8 +31,7 @@ def _check_elements(model: EvaluatedModel, structures: list[Structure], path: Pa
         if unknown:
             names = ", ".join(f"{chemical_symbols[z]} (Z={z})" for z in unknown)
             raise DataError(
-                f"structure {index} of '{path}' contains {names}, which the model was not "
-                "trained on.",
+                f"structure {index} of '{path}' contains {names}, which the model was not trained on.",
                 hint=f"The model knows {', '.join(chemical_symbols[z] for z in sorted(known))}.",
             )
 
@@ -105,8 +104,13 @@ def evaluate(model_path: str, options_path: str, output: str, plots: bool, batch
 
 
 def _evaluate_dataset(
-    model: EvaluatedModel, structures: list[Structure], reference: DatasetInfo, path: Path, target_file: Path,
-    plots: bool, batch_size: int,
+    model: EvaluatedModel,
+    structures: list[Structure],
+    reference: DatasetInfo,
+    path: Path,
+    target_file: Path,
+    plots: bool,
+    batch_size: int,
 ) -> None:
     info = model.info(periodic=all(bool(s.pbc.all()) for s in structures))
     compute_neighbor_lists(structures, model.requested_neighbor_lists())
@@ -126,8 +130,9 @@ def _evaluate_dataset(
         chosen = [structures[i] for i in indices]
         batch = make_batch(chosen, model.dtype, torch.device("cpu"), needs_forces, needs_stress)
         computed = predict(model, batch, info, create_graph=False)
-        predictions = Predictions(*({k: v.detach() for k, v in part.items()}
-                                    for part in (computed.values, computed.forces, computed.stress)))
+        predictions = Predictions(
+            *({k: v.detach() for k, v in part.items()} for part in (computed.values, computed.forces, computed.stress))
+        )
         metrics.update(predictions, batch)
         for term in terms:
             pairs[term.label][0].append(_flat(term, getattr(batch, term.kind)[term.target], batch))
@@ -145,7 +150,11 @@ def _evaluate_dataset(
     ase.io.write(target_file, frames, format="extxyz")
     LOGGER.info(
         "%s: %d structures in %.2f s (%.1f structures/s); predictions written to %s",
-        path.name, len(structures), elapsed, len(structures) / max(elapsed, 1e-9), target_file,
+        path.name,
+        len(structures),
+        elapsed,
+        len(structures) / max(elapsed, 1e-9),
+        target_file,
     )
     if terms:
         _print_table(metrics)
@@ -192,7 +201,9 @@ def _print_table(metrics: Metrics) -> None:
         rows.append((key.replace("_", " "), f"{rmse:.5g}", f"{mae:.5g}", unit))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
-        LOGGER.info("  ".join(
-            cell.ljust(width) if i in (0, 3) else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths))
-        ))
+        LOGGER.info(
+            "  ".join(
+                cell.ljust(width) if i in (0, 3) else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(row, widths))
+            )
+        )

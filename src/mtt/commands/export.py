@@ -18,5 +18,9 @@ def export(checkpoint_path: str, output: str) -> None:
         path = export_model(model, info, architecture.name, Path(output))
     LOGGER.info(
         "exported the %s model of %s (epoch %d, best by validation) to %s, extensions in %s",
-        architecture.name, checkpoint_path, state.epoch, path, path.parent / "extensions",
+        architecture.name,
+        checkpoint_path,
+        state.epoch,
+        path,
+        path.parent / "extensions",
     )

@@ -3,11 +3,10 @@ Trainer -> checkpoint -> export."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import resource
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -53,9 +52,7 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
     setup_logging(None)
     options = load_options(options_path, overrides)
     run = options.run
-    environment = distributed.setup(
-        run.distributed.enabled, run.distributed.port, run.distributed.timeout, run.device
-    )
+    environment = distributed.setup(run.distributed.enabled, run.distributed.port, run.distributed.timeout, run.device)
     context.environment = environment
     main = environment.is_main
     setup_logging(None, verbose=main)
@@ -98,9 +95,14 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
         _write_run_files(folder, options, splits)
         LOGGER.info(
             "%d training, %d validation, %d test structures; elements %s; targets %s",
-            len(splits.train), len(splits.validation), len(splits.test), info.atomic_types,
-            ", ".join(f"{t.name} [{t.unit}]" + (" + forces" if t.forces else "") + (" + stress" if t.stress else "")
-                      for t in info.targets.values()),
+            len(splits.train),
+            len(splits.validation),
+            len(splits.test),
+            info.atomic_types,
+            ", ".join(
+                f"{t.name} [{t.unit}]" + (" + forces" if t.forces else "") + (" + stress" if t.stress else "")
+                for t in info.targets.values()
+            ),
         )
 
     trainer = Trainer(options.trainer_hypers, architecture, info, environment, dtype, run.seed)
@@ -116,7 +118,9 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
         model.load_state_dict(restarted.model_state)
         state = restarted
         state.identity = identity
-        where = f"epoch {state.epoch}" + (f", step {state.batches_done} of epoch {state.epoch + 1}" if state.batches_done else "")
+        where = f"epoch {state.epoch}" + (
+            f", step {state.batches_done} of epoch {state.epoch + 1}" if state.batches_done else ""
+        )
         LOGGER.info("continuing after %s from %s", where, restart_path)
 
     state = trainer.fit(model, splits.train, splits.validation, state, folder)
@@ -126,7 +130,9 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
     model.load_state_dict(state.best_model_state)
     if splits.test:
         metrics = trainer.evaluate(model, splits.test, None)
-        LOGGER.info("test set (%d structures): %s", len(splits.test), format_metrics(metrics.results(), metrics.units()))
+        LOGGER.info(
+            "test set (%d structures): %s", len(splits.test), format_metrics(metrics.results(), metrics.units())
+        )
     if main:
         with architectures.blame_architecture(architecture):  # TorchScript compiles its code
             exported = export_model(model, info, architecture.name, folder / "model.pt")

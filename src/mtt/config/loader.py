@@ -140,7 +140,9 @@ def _validate(raw: dict, architecture: architectures.Architecture) -> ComposedOp
 
     run = attempt(lambda d, w: parse_options(RunOptions, d, w), raw, "")
     arch = raw.get("architecture") or {}
-    model = attempt(lambda d, w: parse_options(architecture.hypers_class, d, w), arch.get("model"), "architecture.model")
+    model = attempt(
+        lambda d, w: parse_options(architecture.hypers_class, d, w), arch.get("model"), "architecture.model"
+    )
     trainer = attempt(lambda d, w: parse_options(TrainerHypers, d, w), arch.get("training"), "architecture.training")
     # dataset blocks too, so that their typos come in the same message as the others
     for key in DATASETS:

@@ -37,8 +37,7 @@ def compute_neighbor_lists(structures: list[Structure], requests: list[NeighborL
     for structure in structures:
         system = System(structure.types, structure.positions, structure.cell, structure.pbc)
         structure.neighbors = [
-            (options, calculator.compute(system))
-            for options, calculator in zip(requests, calculators)
+            (options, calculator.compute(system)) for options, calculator in zip(requests, calculators)
         ]
 
 

@@ -76,17 +76,14 @@ def _read_blocks(value: Any, where: str, base_dir: Path):
     return structures, origins, targets or []
 
 
-def _split_off(
-    fraction: Any, where: str, pool: list[int], total: int, generator: torch.Generator, allow_empty: bool
-):
+def _split_off(fraction: Any, where: str, pool: list[int], total: int, generator: torch.Generator, allow_empty: bool):
     """Draw ``fraction`` of all ``total`` training structures out of ``pool``."""
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction < 1:
         raise OptionsError(f"'{where}' must be a fraction in [0, 1) or a dataset, got {fraction!r}.")
     count = min(int(round(fraction * total)), len(pool))
     if count == 0 and not (allow_empty and fraction == 0):
         raise DataError(
-            f"'{where}: {fraction}' of {total} training structures leaves the "
-            f"{where.replace('_set', '')} set empty.",
+            f"'{where}: {fraction}' of {total} training structures leaves the {where.replace('_set', '')} set empty.",
             hint="Use a larger fraction, more data, or give that set as its own file.",
         )
     order = torch.randperm(len(pool), generator=generator).tolist()
@@ -137,7 +134,8 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
                 # the seed only matters for a set split off the training data
                 split_off = isinstance(options.get(name, 0.1), (int, float))
                 remedy = (
-                    "move such structures to the training set or change the split seed" if split_off
+                    "move such structures to the training set or change the split seed"
+                    if split_off
                     else f"add structures with {', '.join(chemical_symbols[z] for z in missing)} to the "
                     f"training set, or remove this one from the {name.replace('_', ' ')}"
                 )

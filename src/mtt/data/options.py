@@ -26,9 +26,7 @@ class DerivativeOptions:
     """Where forces, stress or virial of an energy target are read from."""
 
     key: str = option(REQUIRED, "Name of the array (forces) or info field (stress, virial).")
-    read_from: Optional[str] = option(
-        None, "Accepted for metatrain's files; must be the systems file (the default)."
-    )
+    read_from: Optional[str] = option(None, "Accepted for metatrain's files; must be the systems file (the default).")
 
 
 @dataclass
@@ -44,9 +42,7 @@ class TargetOptions:
     quantity: str = option(
         "", "'energy' for an energy with forces and stress; default: 'energy' for a target named energy."
     )
-    read_from: Optional[str] = option(
-        None, "Accepted for metatrain's files; must be the systems file (the default)."
-    )
+    read_from: Optional[str] = option(None, "Accepted for metatrain's files; must be the systems file (the default).")
     per_atom: bool = option(False, "Only per-structure targets are supported; must be false.")
     type: Literal["scalar"] = option("scalar", "Only scalar targets are supported.")
     num_subtargets: int = option(1, "Only single-valued targets are supported; must be 1.")
@@ -58,8 +54,7 @@ class TargetOptions:
     )
     stress: Union[bool, str, DerivativeOptions, None] = option(
         None,
-        "Stress (3x3, energy/length^3) of an energy target. Default: the 'stress' field "
-        "when the file has one.",
+        "Stress (3x3, energy/length^3) of an energy target. Default: the 'stress' field when the file has one.",
     )
     virial: Union[bool, str, DerivativeOptions, None] = option(
         None,
@@ -94,9 +89,7 @@ def expand_short_forms(value: Any) -> Any:
             block["systems"] = {"read_from": block["systems"]}
         targets = block.get("targets")
         if isinstance(targets, dict):
-            block["targets"] = {
-                name: ({"key": t} if isinstance(t, str) else t) for name, t in targets.items()
-            }
+            block["targets"] = {name: ({"key": t} if isinstance(t, str) else t) for name, t in targets.items()}
         return block
     return value
 
@@ -105,7 +98,7 @@ def parse_dataset_list(value: Any, path: str) -> list[DatasetOptions]:
     """Expand the short forms of a dataset entry and parse each block."""
     blocks = value if isinstance(value, list) else [value]
     expanded = [expand_short_forms(block) for block in blocks]
-    paths = [path] if len(expanded) == 1 and not isinstance(value, list) else [
-        f"{path}[{i}]" for i in range(len(expanded))
-    ]
+    paths = (
+        [path] if len(expanded) == 1 and not isinstance(value, list) else [f"{path}[{i}]" for i in range(len(expanded))]
+    )
     return [parse_options(DatasetOptions, b, p) for b, p in zip(expanded, paths)]

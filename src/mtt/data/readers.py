@@ -58,8 +58,7 @@ def read_frames(path: Path) -> list[ase.Atoms]:
     if not path.exists():
         raise DataError(
             f"dataset file '{path}' does not exist.",
-            hint="Check 'read_from' in the options; relative paths are taken from the "
-            "folder of the options file.",
+            hint="Check 'read_from' in the options; relative paths are taken from the folder of the options file.",
         )
     try:
         frames = ase.io.read(path, index=":")
@@ -134,8 +133,7 @@ def _derivative_key(
     if isinstance(option, DerivativeOptions):
         if option.read_from is not None:
             raise DataError(
-                f"'{where}.read_from' is not supported: {where} must be stored in the same "
-                "file as the structures.",
+                f"'{where}.read_from' is not supported: {where} must be stored in the same file as the structures.",
                 hint=f"Remove '{where}.read_from' and add the values to the systems file.",
             )
         return option.key
@@ -159,8 +157,7 @@ def read_dataset(options: DatasetOptions, base_dir: Path, where: str) -> tuple[l
             )
         if target.per_atom or target.num_subtargets != 1:
             raise DataError(
-                f"'{twhere}': only per-structure scalar targets are supported "
-                "(per_atom: false, num_subtargets: 1).",
+                f"'{twhere}': only per-structure scalar targets are supported (per_atom: false, num_subtargets: 1).",
             )
         quantity = target.quantity or ("energy" if name == "energy" else "")
         if quantity == "energy":
@@ -227,8 +224,14 @@ def read_dataset(options: DatasetOptions, base_dir: Path, where: str) -> tuple[l
 
 
 def _read_stress(
-    atoms: ase.Atoms, stress_key: str | None, virial_key: str | None, index: int, path: Path, name: str,
-    factor: float, l_factor: float,
+    atoms: ase.Atoms,
+    stress_key: str | None,
+    virial_key: str | None,
+    index: int,
+    path: Path,
+    name: str,
+    factor: float,
+    l_factor: float,
 ) -> torch.Tensor:
     if not atoms.pbc.all():
         raise DataError(

@@ -45,7 +45,8 @@ class PrecomputedInputs:
                 LOGGER.info(
                     "the cache of precomputed inputs is full (%.1f MB, %d structures): other structures "
                     "are computed at every step; raise architecture.training.cache_memory_mb to keep more",
-                    self.used / 1024**2, len(self.kept),
+                    self.used / 1024**2,
+                    len(self.kept),
                 )
                 return None
             self.used += size

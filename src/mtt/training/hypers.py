@@ -38,8 +38,7 @@ class TrainerHypers:
     )
     best_model_metric: Literal["loss", "rmse_prod", "mae_prod"] = option(
         "rmse_prod",
-        "Validation figure that picks the best model: the loss, or the product of the "
-        "RMSEs (MAEs) of every target.",
+        "Validation figure that picks the best model: the loss, or the product of the RMSEs (MAEs) of every target.",
     )
     scale_targets: bool = option(True, "Divide targets by their spread so every term starts near 1.")
     fixed_composition_weights: dict[str, dict[int, float]] = option(

@@ -90,6 +90,7 @@ def term_shares(terms: list[Term], mine: list, everyone: list, world_size: int) 
     weighs its mean by its share of those elements in the global batch, times the number of
     ranks that the gradient average divides by.
     """
+
     def elements(term: Term, structures: list) -> int:
         if term.kind == "forces":
             return 3 * sum(len(s) for s in structures)

@@ -34,11 +34,21 @@ class FusedAdam:
             raise ValueError("FusedAdam got an empty parameter list")
         if len({(p.device, p.dtype) for p in self.parameters}) != 1:
             raise ValueError("FusedAdam takes parameters of one device and dtype")
-        self.param_groups: list[dict[str, Any]] = [{
-            "lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": False,
-            "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
-            "fused": True, "decoupled_weight_decay": decoupled_weight_decay,
-        }]
+        self.param_groups: list[dict[str, Any]] = [
+            {
+                "lr": lr,
+                "betas": betas,
+                "eps": eps,
+                "weight_decay": weight_decay,
+                "amsgrad": False,
+                "maximize": False,
+                "foreach": None,
+                "capturable": False,
+                "differentiable": False,
+                "fused": True,
+                "decoupled_weight_decay": decoupled_weight_decay,
+            }
+        ]
         # torch keeps each parameter's step count as a float32 tensor on the CPU
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.parameters]
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.parameters]
@@ -60,17 +70,29 @@ class FusedAdam:
         group = self.param_groups[0]
         beta1, beta2 = group["betas"]
         self._update(
-            [self.parameters[i] for i in having], [self.parameters[i].grad for i in having],
-            [self.exp_avgs[i] for i in having], [self.exp_avg_sqs[i] for i in having], [], steps,
-            amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-            eps=group["eps"], maximize=False, grad_scale=None, found_inf=None,
+            [self.parameters[i] for i in having],
+            [self.parameters[i].grad for i in having],
+            [self.exp_avgs[i] for i in having],
+            [self.exp_avg_sqs[i] for i in having],
+            [],
+            steps,
+            amsgrad=False,
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+            grad_scale=None,
+            found_inf=None,
         )
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim.Adam's layout; parameters that never had a gradient have no state."""
         state = {
             i: {"step": self.steps[i], "exp_avg": self.exp_avgs[i], "exp_avg_sq": self.exp_avg_sqs[i]}
-            for i in range(len(self.parameters)) if float(self.steps[i]) > 0
+            for i in range(len(self.parameters))
+            if float(self.steps[i]) > 0
         }
         group = dict(self.param_groups[0], params=list(range(len(self.parameters))))
         return {"state": state, "param_groups": [group]}

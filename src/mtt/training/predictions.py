@@ -42,9 +42,7 @@ def predict(model: Any, batch: Batch, info: DatasetInfo, create_graph: bool) -> 
         if target.stress:
             inputs.extend(batch.strains)
         # retain_graph: the link from the batch's leaves to its neighbour vectors is reused
-        grads = torch.autograd.grad(
-            values[target.name].sum(), inputs, create_graph=create_graph, retain_graph=True
-        )
+        grads = torch.autograd.grad(values[target.name].sum(), inputs, create_graph=create_graph, retain_graph=True)
         if target.forces:
             forces[target.name] = -torch.cat(grads[: len(batch.positions)])
         if target.stress:

@@ -95,7 +95,11 @@ class Trainer:
         """Flat batches for models that take them (faster), else one system per structure."""
         kept = self.precomputed
         return make_batch(
-            structures, self.dtype, self.device, self.needs_forces, self.needs_stress,
+            structures,
+            self.dtype,
+            self.device,
+            self.needs_forces,
+            self.needs_stress,
             attach=kept.attach if kept is not None else None,
             flat=self.architecture.model_class.uses_flat_batches(),
             keep=kept.keep if kept is not None else None,
@@ -225,13 +229,18 @@ class Trainer:
                         train_metrics.load_tensor(state.partial_train_metrics)
                     batches = self.global_batches(len(train), epoch)
                     for number in range(state.batches_done, len(batches)):
-                        self._step(model, loss, optimizer, scheduler, parameters, train, batches[number], epoch, train_metrics)
+                        self._step(
+                            model, loss, optimizer, scheduler, parameters, train, batches[number], epoch, train_metrics
+                        )
                         if self.environment.any_rank(signals.received is not None) and number + 1 < len(batches):
                             state.batches_done = number + 1
                             state.partial_train_metrics = self.environment.all_reduce_sum(train_metrics.as_tensor())
                             remember_optimizer()
                             self._stop(
-                                model, state, signals, run_folder / "checkpoints" / f"epoch_{epoch - 1}_step_{number + 1}.ckpt",
+                                model,
+                                state,
+                                signals,
+                                run_folder / "checkpoints" / f"epoch_{epoch - 1}_step_{number + 1}.ckpt",
                                 f"during epoch {epoch} after {number + 1} of {len(batches)} steps",
                             )
                     state.batches_done, state.partial_train_metrics = 0, None
@@ -256,7 +265,13 @@ class Trainer:
                         if epoch % hypers.checkpoint_interval == 0:
                             state.save(run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", model)
                     if self.environment.any_rank(signals.received is not None) and epoch < hypers.num_epochs:
-                        self._stop(model, state, signals, run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", f"after epoch {epoch}")
+                        self._stop(
+                            model,
+                            state,
+                            signals,
+                            run_folder / "checkpoints" / f"epoch_{epoch}.ckpt",
+                            f"after epoch {epoch}",
+                        )
         finally:
             if progress is not None:
                 progress.close()

@@ -4,7 +4,6 @@ It is the baseline every other architecture starts from, and a quick way to see 
 of a target the chemical composition alone explains.
 """
 
-
 from dataclasses import dataclass
 from typing import List
 

@@ -132,8 +132,22 @@ def _forward(descriptor, types, first, second, vectors, eps):
         raw = features
         features, mean, inverse_std = torch.native_layer_norm(features, features.shape[1:], None, None, eps)
     saved = _Saved(
-        descriptor, n_atoms, slots, rows, unit, inverse_distance, radial, radial_derivative, harmonics,
-        harmonics_gradient, padded_radial, padded_harmonics, blocks, raw, mean, inverse_std,
+        descriptor,
+        n_atoms,
+        slots,
+        rows,
+        unit,
+        inverse_distance,
+        radial,
+        radial_derivative,
+        harmonics,
+        harmonics_gradient,
+        padded_radial,
+        padded_harmonics,
+        blocks,
+        raw,
+        mean,
+        inverse_std,
     )
     return saved, features
 
@@ -155,10 +169,18 @@ def kept_inputs(descriptor, types, first, second, vectors, eps) -> Dict[str, tor
     n_pairs = len(first)
     centers, neighbor_types = descriptor.directed_pairs(descriptor.type_to_index[types.long()], first, second)
     slot = descriptor.slot_in_group(centers, neighbor_types, len(types))
-    pairs = torch.cat([
-        saved.unit, saved.inverse_distance, saved.radial, saved.radial_derivative, saved.harmonics,
-        saved.harmonics_gradient.reshape(n_pairs, -1), slot.reshape(2, n_pairs).t().to(vectors.dtype),
-    ], dim=1)
+    pairs = torch.cat(
+        [
+            saved.unit,
+            saved.inverse_distance,
+            saved.radial,
+            saved.radial_derivative,
+            saved.harmonics,
+            saved.harmonics_gradient.reshape(n_pairs, -1),
+            slot.reshape(2, n_pairs).t().to(vectors.dtype),
+        ],
+        dim=1,
+    )
     atoms = [saved.blocks.reshape(saved.n_atoms, -1)]
     if eps is not None:
         atoms = [saved.mean, saved.inverse_std] + atoms
@@ -188,9 +210,22 @@ def _kept_forward(d, types, first, second, eps, kept, order):
         raw = torch.addcmul(mean, features, 1 / inverse_std)  # the layer norm's backward takes its input
     blocks = atoms.reshape(n_atoms * size, d.n_types * d.n_radial, width)
     saved = _Saved(
-        d, n_atoms, slots, rows, unit, inverse_distance, radial, radial_derivative, harmonics,
-        harmonics_gradient.reshape(n_pairs, 3, size * width), padded_radial, padded_harmonics, blocks,
-        raw, mean, inverse_std,
+        d,
+        n_atoms,
+        slots,
+        rows,
+        unit,
+        inverse_distance,
+        radial,
+        radial_derivative,
+        harmonics,
+        harmonics_gradient.reshape(n_pairs, 3, size * width),
+        padded_radial,
+        padded_harmonics,
+        blocks,
+        raw,
+        mean,
+        inverse_std,
     )
     return saved, features
 
@@ -221,9 +256,7 @@ def _vector_gradient(saved: _Saved, grad_features: torch.Tensor) -> torch.Tensor
     # products = blocks blocks^T: d / d blocks = (G + G^T) blocks, the transpose left to the
     # matrix product (adding a transposed copy first takes longer than a second product)
     grad_products = _scatter_to_products(saved, grad_features)
-    grad_blocks = torch.baddbmm(
-        torch.bmm(grad_products, saved.blocks), grad_products.transpose(1, 2), saved.blocks
-    )
+    grad_blocks = torch.baddbmm(torch.bmm(grad_products, saved.blocks), grad_products.transpose(1, 2), saved.blocks)
     grad_expansion = grad_blocks.reshape(-1, n_radial, width)  # (atom, l, type), n, m
     # back to each directed pair's slot: radial and angular parts
     grad_radial = torch.bmm(saved.padded_harmonics, grad_expansion.transpose(1, 2))  # (batch, slot, n)

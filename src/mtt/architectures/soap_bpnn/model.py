@@ -5,7 +5,6 @@ The descriptor is featomic's SOAP power spectrum, computed with torch operations
 plain TorchScript.
 """
 
-
 from typing import Dict, List, Tuple
 
 import torch
@@ -104,8 +103,14 @@ class SoapBpnn(Model):
             if "mtt::soap_pairs" in data:
                 kept = (data["mtt::soap_inputs"], data["mtt::soap_atoms"], data["mtt::soap_pairs"])
             features = SoapFeatures.apply(
-                pairs.vectors, self.soap, batch.types.index_select(0, order),
-                position[pairs.first], position[pairs.second], eps, kept, order,
+                pairs.vectors,
+                self.soap,
+                batch.types.index_select(0, order),
+                position[pairs.first],
+                position[pairs.second],
+                eps,
+                kept,
+                order,
             )
         outputs = []
         for inputs, network in zip(features.split(counts), self.networks):

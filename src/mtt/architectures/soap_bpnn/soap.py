@@ -31,7 +31,6 @@ from metatomic.torch import NeighborListOptions, System
 RADIAL_GRID_SPACING = 0.005
 
 
-
 def featomic_hypers(radius: float, width: float, max_angular: int, max_radial: int, gaussian_width: float) -> dict:
     """featomic's parameters of the SOAP spherical expansion these features reproduce."""
     return {
@@ -332,7 +331,9 @@ class SoapPowerSpectrum(torch.nn.Module):
         padded_radial, padded_harmonics = self.padded(radial, harmonics, rows, len(types), slots)
         return self.expansion_of_padded(padded_radial, padded_harmonics, species)
 
-    def neighbor_slots(self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def neighbor_slots(
+        self, species: torch.Tensor, first: torch.Tensor, second: torch.Tensor
+    ) -> Tuple[torch.Tensor, int]:
         """Where each directed pair and l goes among the padded neighbour slots.
 
         The density expansion of each (atom, l, neighbour type) is a sum over that group's
@@ -363,7 +364,9 @@ class SoapPowerSpectrum(torch.nn.Module):
         slot[order] = torch.arange(len(groups), device=groups.device) - start[groups[order]]
         return slot
 
-    def slot_rows(self, centers: torch.Tensor, neighbor_types: torch.Tensor, slot: torch.Tensor, slots: int) -> torch.Tensor:
+    def slot_rows(
+        self, centers: torch.Tensor, neighbor_types: torch.Tensor, slot: torch.Tensor, slots: int
+    ) -> torch.Tensor:
         """The padded row (atom, l, type, slot) of each directed pair and l."""
         size = self.max_angular + 1
         l_values = torch.arange(size, device=centers.device)[None, :]
