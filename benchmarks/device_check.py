@@ -191,10 +191,13 @@ class Check:
         self.work.mkdir(parents=True)
         self.log = open(self.out / "device_check.log", "w")
         self.cuda = not args.cpu_only
+        # what the "cuda" runs really use: the GPU, or the CPU with --pretend-gpu (a test of
+        # this script's GPU path on a machine without one)
+        self.gpu, self.gpu_backend = ("cpu", "gloo") if args.pretend_gpu else ("cuda", "nccl")
         self.rows: list[tuple[str, str, str, str]] = []
         self.results: dict = {
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
-            "mode": "cpu-only dry run" if args.cpu_only else "GPU",
+            "mode": "cpu-only dry run" if args.cpu_only else ("GPU path, CPU pretending" if args.pretend_gpu else "GPU"),
             "options": {k: v for k, v in vars(args).items()},
             "steps": {},
         }
@@ -414,7 +417,7 @@ class Check:
         self.row("environment", "packaged YAML configs, from src/ on PYTHONPATH",
                  ", ".join(found["packaged_configs"]) + "; options composed with distributed=true",
                  "ok" if composed else "FAILED")
-        if not self.args.cpu_only and not found["cuda_available"]:
+        if self.cuda and not found["cuda_available"] and not self.args.pretend_gpu:
             self.cuda = False
             record.setdefault("failures", []).append("torch sees no GPU: the CUDA parts are not run")
         self.architectures = found["architectures"]
@@ -427,7 +430,7 @@ class Check:
         """The same training on CUDA and on the CPU in float32 (and float64 on the CPU: how
         far float32 rounding alone moves the results)."""
         runs = {}
-        plan = ([("cuda float32", "cuda", 32)] if self.cuda else []) + [("cpu float32", "cpu", 32)]
+        plan = ([("cuda float32", self.gpu, 32)] if self.cuda else []) + [("cpu float32", "cpu", 32)]
         if noise_reference:
             plan.append(("cpu float64", "cpu", 64))
         epochs = self.args.epochs
@@ -491,58 +494,56 @@ class Check:
         self.compare_devices(record, f"train {MESSAGE_PASSING}", MESSAGE_PASSING, dataset, noise_reference=False)
 
     def torchrun(self, record: dict) -> None:
-        device, backend = ("cuda", "nccl") if self.cuda else ("cpu", "gloo")
+        label, device, backend = ("cuda", self.gpu, self.gpu_backend) if self.cuda else ("cpu", "cpu", "gloo")
         dataset, runs = getattr(self, "reference", (self.ethanol() or Dataset("EMT metals", EMT, EMT_TARGETS), {}))
-        single = runs.get(f"{device} float32")
+        single = runs.get(f"{label} float32")
 
         def one_rank() -> None:
-            figures = self.train(self.work / "torchrun" / f"one-rank-{backend}", dataset,
+            figures = self.train(self.work / "torchrun" / f"one-rank-{label}", dataset,
                                  [f"device={device}", "base_precision=32"], epochs=self.args.epochs, ranks=1)
             record["one_rank"] = figures
             described = figures["distributed"] or ""
             ok = f"{backend} backend" in described
-            self.row("torchrun", f"--nproc-per-node 1, distributed=true, {device}",
+            self.row("torchrun", f"--nproc-per-node 1, distributed=true, {label}",
                      f"{described}; {figures['structures_per_s']:.1f} structures/s", "ok" if ok else "FAILED")
             if not ok:
                 record.setdefault("failures", []).append(f"not the {backend} backend: {described}")
             if single:
                 same = figures["test_line"] == single["test_line"]
                 worst = max(relative_differences(figures["test"], single["test"]).values())
-                self.row("torchrun", f"test errors against one process on {device}",
+                self.row("torchrun", f"test errors against one process on {label}",
                          "identical" if same else f"largest relative difference {fmt(worst)}",
                          "ok" if same or worst <= 2e-3 else "DIFFERENT")
             self.say(f"  torchrun, 1 rank, {backend}: {described}; {figures['test_line']}")
 
         self.attempt(record, f"torchrun one rank ({backend})", one_rank)
 
-        cases = [("cpu", "gloo")] + ([("cuda", "nccl")] if self.cuda else [])
+        cases = [("cpu", "cpu", "gloo")] + ([("cuda", self.gpu, self.gpu_backend)] if self.cuda else [])
         seen = {}
-        for case_device, case_backend in cases:
-            result = self.attempt(record, f"port in use ({case_backend})",
-                                  lambda: self.port_in_use(dataset, case_device, case_backend))
+        for case_label, case_device, case_backend in cases:
+            result = self.attempt(record, f"port in use ({case_backend} on {case_label})",
+                                  lambda: self.port_in_use(dataset, case_label, case_device, case_backend))
             if result is None:
                 continue
-            seen[case_backend] = result
-            record[f"port_in_use_{case_backend}"] = result
+            seen[case_label] = result
+            record[f"port_in_use_{case_label}"] = result
             expected = result["mtt_exit"] == 3 and "could not complete the rendezvous" in result["message"]
-            self.row("torchrun", f"port in use, {case_backend} on {case_device}",
+            self.row("torchrun", f"port in use, {case_backend} on {case_label}",
                      f"torchrun exit {result['torchrun_exit']}, rank exit {result['mtt_exit']} after "
                      f"{result['seconds']:.0f} s: `{result['message'][:160]}`", "ok" if expected else "UNEXPECTED")
-        if "gloo" in seen and "nccl" in seen:
-            same = (seen["gloo"]["message"] == seen["nccl"]["message"]
-                    and seen["gloo"]["mtt_exit"] == seen["nccl"]["mtt_exit"]
-                    and seen["gloo"]["torchrun_exit"] == seen["nccl"]["torchrun_exit"])
-            self.row("torchrun", "port in use: NCCL against gloo", "same message and exits" if same else "different",
+        if "cpu" in seen and "cuda" in seen:
+            same = all(seen["cpu"][key] == seen["cuda"][key] for key in ("message", "mtt_exit", "torchrun_exit"))
+            self.row("torchrun", f"port in use: {self.gpu_backend} on cuda against gloo on cpu", "same message and exits" if same else "different",
                      "ok" if same else "DIFFERENT")
             if not same:
                 record.setdefault("failures", []).append("the port-in-use case differs between NCCL and gloo")
 
-    def port_in_use(self, dataset: Dataset, device: str, backend: str) -> dict:
+    def port_in_use(self, dataset: Dataset, label: str, device: str, backend: str) -> dict:
         with socket.socket() as holder:
             holder.bind(("0.0.0.0", 0))
             holder.listen()
             port = holder.getsockname()[1]
-            folder = self.work / "torchrun" / f"port-in-use-{backend}"
+            folder = self.work / "torchrun" / f"port-in-use-{label}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "options.yaml").write_text(OPTIONS.format(
                 seed=self.args.seed, architecture="soap_bpnn", epochs=1, batch=16, data=dataset.path,
@@ -557,16 +558,16 @@ class Check:
         messages = [line for line in done.stderr.splitlines() if line.startswith("mtt")]
         rank_exit = re.search(r"exitcode\s*:\s*(-?\d+)", done.stderr)
         message = (messages[0] if messages else tail(done.stderr, 1)).replace(str(port), "PORT")
-        self.say(f"  port in use ({backend}): torchrun exit {done.returncode}, after {done.seconds:.0f} s: {message}")
+        self.say(f"  port in use ({backend} on {label}): torchrun exit {done.returncode}, after {done.seconds:.0f} s: {message}")
         return {"torchrun_exit": done.returncode, "mtt_exit": int(rank_exit.group(1)) if rank_exit else None,
                 "message": message, "seconds": done.seconds}
 
     def md(self, record: dict) -> None:
-        device = "cuda" if self.cuda else "cpu"
-        devices = ["cuda", "cpu"] if self.cuda else ["cpu"]
+        label, device = ("cuda", self.gpu) if self.cuda else ("cpu", "cpu")
+        devices = [f"cuda={self.gpu}", "cpu"] if self.cuda else ["cpu"]
         systems = []
         dataset, runs = getattr(self, "reference", (None, {}))
-        ethanol_run = runs.get(f"{device} float32") if dataset and dataset.name == "ethanol" else None
+        ethanol_run = runs.get(f"{label} float32") if dataset and dataset.name == "ethanol" else None
         if ethanol_run:
             systems.append(("ethanol", Path(ethanol_run["folder"]), self.args.md_steps, 10))
         else:
@@ -593,8 +594,9 @@ class Check:
                               for d, r in result["md"].items())
             self.row("MD", f"{name}: VelocityVerlet steps/s", rates)
             drift = ", ".join(f"{d} {r['energy_drift_meV_per_atom']:+.3f}" for d, r in result["md"].items())
-            self.row("MD", f"{name}: total energy drift (meV/atom, {result['md'][device]['steps']} steps)", drift)
-            key = f"forces_{devices[0]}_vs_cpu_max_rel"
+            steps = next(iter(result["md"].values()))["steps"]
+            self.row("MD", f"{name}: total energy drift (meV/atom, {steps} steps)", drift)
+            key = f"forces_{label}_vs_cpu_max_rel"
             if key in result:
                 self.row("MD", f"{name}: forces, CUDA against CPU (largest relative difference)",
                          fmt(result[key]), "ok" if result[key] < 1e-3 else "LARGE")
@@ -636,7 +638,12 @@ class Check:
         dataset = Dataset("EMT generated", data, EMT_TARGETS)
         batch = self.args.scaling_batch
         results = {}
-        plan = [(n, "mtt") for n in self.args.ranks]
+        # one rank first (the reference), then the most ranks, then the rest: if time runs
+        # out, the figures that matter most are in
+        counts = sorted(set(self.args.ranks))
+        if len(counts) > 2:
+            counts = counts[:1] + counts[-1:] + counts[1:-1]
+        plan = [(n, "mtt") for n in counts]
         if self.args.torchrun_threads_row and 2 in self.args.ranks:
             plan.append((2, "torchrun"))
         for ranks, threads in plan:
@@ -664,7 +671,7 @@ class Check:
         record["dataset"] = {"structures": self.args.scaling_structures, "global_batch": batch,
                              "epochs": self.args.scaling_epochs, "cores": cores}
         one = results.get("1")
-        for label, figures in results.items():
+        for label, figures in sorted(results.items(), key=lambda item: (item[1]["ranks"], item[0])):
             ranks = figures["ranks"]
             if one:
                 speed_up = one["seconds_per_epoch"] / figures["seconds_per_epoch"]
@@ -735,6 +742,8 @@ def main() -> int:
     parser.add_argument("--scaling-epochs", type=int, default=4)
     parser.add_argument("--no-torchrun-threads-row", dest="torchrun_threads_row", action="store_false",
                         help="skip the 2-rank run with torchrun's OMP_NUM_THREADS=1")
+    parser.add_argument("--pretend-gpu", action="store_true",
+                        help="a test of this script: the GPU path, with the CPU (and gloo) standing in for CUDA")
     parser.add_argument("--steps", nargs="+", default=["environment", "train", "torchrun", "md", "message-passing", "scaling"],
                         help="which steps to run, in this order")
     args = parser.parse_args()

@@ -118,7 +118,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--system", required=True, choices=["ethanol", "cu1008"])
     parser.add_argument("--structure", help="file whose first frame is the ethanol molecule")
-    parser.add_argument("--devices", nargs="+", default=["cuda", "cpu"])
+    parser.add_argument("--devices", nargs="+", default=["cuda", "cpu"],
+                        help="torch devices, the first also for the finite differences; LABEL=DEVICE runs DEVICE under LABEL")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0, help="at most this long per device")
     parser.add_argument("--warmup", type=int, default=10)
@@ -134,22 +135,24 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
 
     forces = {}
-    first = args.devices[0]
-    for device in args.devices:
+    first = args.devices[0].partition("=")[0]
+    for entry in args.devices:
+        label, _, device = entry.partition("=")
+        device = device or label
         rate = md_rate(atoms, args.model, device, args.steps, args.seconds, args.warmup)
-        forces[device] = rate.pop("forces_at_start")
-        result["md"][device] = rate
-        print(f"{args.system} on {device}: {rate['steps_per_s']:.1f} steps/s", file=sys.stderr, flush=True)
-        if device != first:
-            difference = np.abs(forces[device] - forces[first]).max() / max(np.abs(forces[first]).max(), 1e-12)
-            result[f"forces_{first}_vs_{device}_max_rel"] = float(difference)
+        forces[label] = rate.pop("forces_at_start")
+        result["md"][label] = rate
+        print(f"{args.system} on {label}: {rate['steps_per_s']:.1f} steps/s", file=sys.stderr, flush=True)
+        if label != first:
+            difference = np.abs(forces[label] - forces[first]).max() / max(np.abs(forces[first]).max(), 1e-12)
+            result[f"forces_{first}_vs_{label}_max_rel"] = float(difference)
         report()
-        if device == first:  # the finite differences on the first device, before the slower ones
+        if label == first:  # the finite differences on the first device, before the slower ones
             with tempfile.TemporaryDirectory() as folder:
                 model64 = float64_copy(args.checkpoint, Path(folder))
-                fd = finite_differences(atoms, model64, first, args.fd_atoms, args.fd_step)
+                fd = finite_differences(atoms, model64, device, args.fd_atoms, args.fd_step)
             forces64 = fd.pop("forces64")
-            fd["device"] = first
+            fd["device"] = label
             fd["float32_vs_float64_forces_max_rel"] = float(
                 np.abs(forces[first] - forces64).max() / max(np.abs(forces64).max(), 1e-12))
             result["finite_differences"] = fd
