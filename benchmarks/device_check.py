@@ -305,6 +305,8 @@ class Check:
             self.write()
             return
         self.step_deadline = time.monotonic() + min(budget, left)
+        self.current = {"train": "train SOAP-BPNN", "md": "MD", "message-passing": f"train {MESSAGE_PASSING}",
+                        "scaling": "CPU scaling"}.get(name, name)
         started = time.monotonic()
         self.say(f"{name}: starting (at most {min(budget, left):.0f} s)")
         try:
@@ -314,11 +316,11 @@ class Check:
                 record["reason"] = "; ".join(record["failures"])
         except Skipped as why:
             record.update(status="skipped", reason=str(why))
-            self.row(name, "skipped", str(why))
+            self.row(self.current, "skipped", str(why))
         except Exception as error:  # one step's failure must not stop the others
             record.update(status="failed", reason=f"{type(error).__name__}: {error}")
             self.note(traceback.format_exc())
-            self.row(name, "failed", f"{type(error).__name__}: {error}"[:300], "FAILED")
+            self.row(self.current, "failed", f"{type(error).__name__}: {error}"[:300], "FAILED")
         record["seconds"] = round(time.monotonic() - started, 1)
         self.step_deadline = self.deadline
         self.say(f"{name}: {record['status']} in {record['seconds']:.0f} s"
@@ -331,6 +333,7 @@ class Check:
             return function()
         except Exception as error:
             record.setdefault("failures", []).append(f"{what}: {error}")
+            self.row(getattr(self, "current", ""), what, f"{error}"[:300], "FAILED")
             self.note(traceback.format_exc())
             self.say(f"  {what} FAILED: {error}")
             return None
@@ -554,7 +557,8 @@ class Check:
                              f"distributed.timeout={self.args.port_timeout}", f"device={device}"],
                             folder, timeout=self.args.port_timeout + 60)
         if done.timed_out:
-            raise StepFailed(f"still running {done.seconds:.0f} s after being given a port in use")
+            raise StepFailed(f"killed at its time limit, {done.seconds:.0f} s after being given a port in use "
+                             f"(distributed.timeout={self.args.port_timeout})")
         messages = [line for line in done.stderr.splitlines() if line.startswith("mtt")]
         rank_exit = re.search(r"exitcode\s*:\s*(-?\d+)", done.stderr)
         message = (messages[0] if messages else tail(done.stderr, 1)).replace(str(port), "PORT")
