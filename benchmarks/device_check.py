@@ -197,7 +197,9 @@ class Check:
         self.rows: list[tuple[str, str, str, str]] = []
         self.results: dict = {
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
-            "mode": "cpu-only dry run" if args.cpu_only else ("GPU path, CPU pretending" if args.pretend_gpu else "GPU"),
+            "mode": "cpu-only dry run"
+            if args.cpu_only
+            else ("GPU path, CPU pretending" if args.pretend_gpu else "GPU"),
             "options": {k: v for k, v in vars(args).items()},
             "steps": {},
         }
@@ -270,8 +272,9 @@ class Check:
         cwd.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with open(cwd / "stdout.txt", "w") as out, open(cwd / "stderr.txt", "w") as err:
-            process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=err, env=environment,
-                                       start_new_session=True, text=True)
+            process = subprocess.Popen(
+                command, cwd=cwd, stdout=out, stderr=err, env=environment, start_new_session=True, text=True
+            )
             try:
                 returncode = process.wait(timeout=limit)
             except subprocess.TimeoutExpired:
@@ -286,11 +289,14 @@ class Check:
                         break
                     except subprocess.TimeoutExpired:
                         continue
-        done = Completed(returncode, (cwd / "stdout.txt").read_text(), (cwd / "stderr.txt").read_text(),
-                         time.monotonic() - started)
+        done = Completed(
+            returncode, (cwd / "stdout.txt").read_text(), (cwd / "stderr.txt").read_text(), time.monotonic() - started
+        )
         if done.timed_out or done.returncode:
-            self.note(f"--- {' '.join(command)} (in {cwd}) -> "
-                      f"{'killed after ' + format(limit, '.0f') + ' s' if done.timed_out else done.returncode}")
+            self.note(
+                f"--- {' '.join(command)} (in {cwd}) -> "
+                f"{'killed after ' + format(limit, '.0f') + ' s' if done.timed_out else done.returncode}"
+            )
             self.note("stdout:\n" + tail(done.stdout, 40))
             self.note("stderr:\n" + tail(done.stderr, 60))
         return done
@@ -305,8 +311,12 @@ class Check:
             self.write()
             return
         self.step_deadline = time.monotonic() + min(budget, left)
-        self.current = {"train": "train SOAP-BPNN", "md": "MD", "message-passing": f"train {MESSAGE_PASSING}",
-                        "scaling": "CPU scaling"}.get(name, name)
+        self.current = {
+            "train": "train SOAP-BPNN",
+            "md": "MD",
+            "message-passing": f"train {MESSAGE_PASSING}",
+            "scaling": "CPU scaling",
+        }.get(name, name)
         started = time.monotonic()
         self.say(f"{name}: starting (at most {min(budget, left):.0f} s)")
         try:
@@ -323,8 +333,10 @@ class Check:
             self.row(self.current, "failed", f"{type(error).__name__}: {error}"[:300], "FAILED")
         record["seconds"] = round(time.monotonic() - started, 1)
         self.step_deadline = self.deadline
-        self.say(f"{name}: {record['status']} in {record['seconds']:.0f} s"
-                 + (f" ({record['reason']})" if record.get("reason") else ""))
+        self.say(
+            f"{name}: {record['status']} in {record['seconds']:.0f} s"
+            + (f" ({record['reason']})" if record.get("reason") else "")
+        )
         self.write()
 
     def attempt(self, record: dict, what: str, function):
@@ -339,27 +351,56 @@ class Check:
             return None
 
     # -- mtt train -----------------------------------------------------------------------
-    def train(self, folder: Path, dataset: Dataset, overrides: list[str], *, architecture: str = "soap_bpnn",
-              epochs: int, batch: int = 16, ranks: int | None = None, env: dict | None = None,
-              timeout: float | None = None) -> dict:
+    def train(
+        self,
+        folder: Path,
+        dataset: Dataset,
+        overrides: list[str],
+        *,
+        architecture: str = "soap_bpnn",
+        epochs: int,
+        batch: int = 16,
+        ranks: int | None = None,
+        env: dict | None = None,
+        timeout: float | None = None,
+    ) -> dict:
         """One ``mtt train`` (under torchrun when ``ranks`` is given); its figures."""
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "options.yaml").write_text(OPTIONS.format(
-            seed=self.args.seed, architecture=architecture, epochs=epochs, batch=batch, data=dataset.path,
-            targets=dataset.targets))
+        (folder / "options.yaml").write_text(
+            OPTIONS.format(
+                seed=self.args.seed,
+                architecture=architecture,
+                epochs=epochs,
+                batch=batch,
+                data=dataset.path,
+                targets=dataset.targets,
+            )
+        )
         if ranks is None:
             command = [PYTHON, "-m", "mtt", "train", "options.yaml", *overrides]
         else:
-            command = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                       f"--master-port={free_port()}", "-m", "mtt", "train", "options.yaml",
-                       "distributed=true", *overrides]
+            command = [
+                PYTHON,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(ranks),
+                f"--master-port={free_port()}",
+                "-m",
+                "mtt",
+                "train",
+                "options.yaml",
+                "distributed=true",
+                *overrides,
+            ]
         done = self.run(command, folder, timeout, env)
         if done.timed_out:
             raise StepFailed(f"mtt train killed at its time limit after {done.seconds:.0f} s")
         if done.returncode != 0:
             message = [line for line in done.stderr.splitlines() if line.startswith("mtt")]
-            raise StepFailed(f"mtt train exited {done.returncode}: "
-                             + (message[0] if message else tail(done.stderr, 3)))
+            raise StepFailed(
+                f"mtt train exited {done.returncode}: " + (message[0] if message else tail(done.stderr, 3))
+            )
         test_line = next(line for line in done.stdout.splitlines() if line.startswith("test set"))
         sizes = re.search(r"(\d+) training, (\d+) validation, (\d+) test structures", done.stdout)
         described = re.search(r"^distributed: (.*)$", done.stdout, re.M)
@@ -391,11 +432,12 @@ class Check:
         line = next((l for l in done.stdout.splitlines() if l.startswith("PROBE ")), None)
         if line is None:
             raise StepFailed("the probe of the installed packages failed: " + tail(done.stderr, 5))
-        found = json.loads(line[len("PROBE "):])
+        found = json.loads(line[len("PROBE ") :])
         self.results["environment"] = found
         try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                    text=True, timeout=10).stdout.strip()
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except Exception:
             commit = ""
         self.results["commit"] = commit or "unknown"
@@ -406,20 +448,30 @@ class Check:
             self.results["nvidia_smi"] = None if self.args.cpu_only else f"nvidia-smi: {error}"
         for name, package in found["packages"].items():
             self.say(f"  {name}: {package['version'] + ' from ' + package['where'] if package else 'not installed'}")
-        self.say(f"  mtt {found['mtt']['version']} from {found['mtt']['where']}; architectures {found['architectures']}")
-        self.say(f"  torch {found['torch']}, CUDA {found['torch_cuda']}, GPU {found.get('gpu', 'none')}, "
-                 f"NCCL {found.get('nccl', '-')}, {found['cores']} cores")
+        self.say(
+            f"  mtt {found['mtt']['version']} from {found['mtt']['where']}; architectures {found['architectures']}"
+        )
+        self.say(
+            f"  torch {found['torch']}, CUDA {found['torch_cuda']}, GPU {found.get('gpu', 'none')}, "
+            f"NCCL {found.get('nccl', '-')}, {found['cores']} cores"
+        )
         if self.results.get("nvidia_smi"):
             print(self.results["nvidia_smi"], flush=True)
         missing = [n for n, p in found["packages"].items() if p is None and n not in ("e3nn", "featomic-torch")]
-        self.row("environment", "torch, GPU, cores",
-                 f"torch {found['torch']} (CUDA {found['torch_cuda']}), {found.get('gpu', 'no GPU')}, "
-                 f"NCCL {found.get('nccl', '-')}, {found['cores']} cores",
-                 "ok" if not missing else "missing: " + ", ".join(missing))
+        self.row(
+            "environment",
+            "torch, GPU, cores",
+            f"torch {found['torch']} (CUDA {found['torch_cuda']}), {found.get('gpu', 'no GPU')}, "
+            f"NCCL {found.get('nccl', '-')}, {found['cores']} cores",
+            "ok" if not missing else "missing: " + ", ".join(missing),
+        )
         composed = found["composed_distributed"] and "architecture" in found["composed_options"]
-        self.row("environment", "packaged YAML configs, from src/ on PYTHONPATH",
-                 ", ".join(found["packaged_configs"]) + "; options composed with distributed=true",
-                 "ok" if composed else "FAILED")
+        self.row(
+            "environment",
+            "packaged YAML configs, from src/ on PYTHONPATH",
+            ", ".join(found["packaged_configs"]) + "; options composed with distributed=true",
+            "ok" if composed else "FAILED",
+        )
         if self.cuda and not found["cuda_available"] and not self.args.pretend_gpu:
             self.cuda = False
             record.setdefault("failures", []).append("torch sees no GPU: the CUDA parts are not run")
@@ -439,40 +491,68 @@ class Check:
         epochs = self.args.epochs
         for label, device, precision in plan:
             folder = self.work / step / label.replace(" ", "-")
-            figures = self.attempt(record, f"{dataset.name} {label}", lambda: self.train(
-                folder, dataset, [f"device={device}", f"base_precision={precision}"],
-                architecture=architecture, epochs=epochs))
+            figures = self.attempt(
+                record,
+                f"{dataset.name} {label}",
+                lambda: self.train(
+                    folder,
+                    dataset,
+                    [f"device={device}", f"base_precision={precision}"],
+                    architecture=architecture,
+                    epochs=epochs,
+                ),
+            )
             if figures is None:
                 continue
             runs[label] = figures
-            self.say(f"  {architecture} {dataset.name} {label}: {figures['structures_per_s']:.1f} structures/s, "
-                     f"{figures['seconds_per_epoch']:.3f} s/epoch, fixed cost {figures['fixed_cost_s']:.1f} s; "
-                     f"{figures['test_line']}")
+            self.say(
+                f"  {architecture} {dataset.name} {label}: {figures['structures_per_s']:.1f} structures/s, "
+                f"{figures['seconds_per_epoch']:.3f} s/epoch, fixed cost {figures['fixed_cost_s']:.1f} s; "
+                f"{figures['test_line']}"
+            )
         record[dataset.name] = runs
         what = f"{architecture} {dataset.name}, {epochs} epochs"
         cuda, cpu, cpu64 = runs.get("cuda float32"), runs.get("cpu float32"), runs.get("cpu float64")
         if cuda and cpu:
-            self.row(step, f"{what}: training + validation structures/s, float32",
-                     f"CUDA {cuda['structures_per_s']:.1f}, CPU {cpu['structures_per_s']:.1f} "
-                     f"({cuda['structures_per_s'] / cpu['structures_per_s']:.2f}x)")
-            self.row(step, f"{what}: fixed cost of a run (s)", f"CUDA {cuda['fixed_cost_s']:.1f}, CPU {cpu['fixed_cost_s']:.1f}")
+            self.row(
+                step,
+                f"{what}: training + validation structures/s, float32",
+                f"CUDA {cuda['structures_per_s']:.1f}, CPU {cpu['structures_per_s']:.1f} "
+                f"({cuda['structures_per_s'] / cpu['structures_per_s']:.2f}x)",
+            )
+            self.row(
+                step,
+                f"{what}: fixed cost of a run (s)",
+                f"CUDA {cuda['fixed_cost_s']:.1f}, CPU {cpu['fixed_cost_s']:.1f}",
+            )
         elif cpu:
             self.row(step, f"{what}: training + validation structures/s, CPU float32", f"{cpu['structures_per_s']:.1f}")
         noise = None
         if cpu and cpu64:
             noise = max(relative_differences(cpu["test"], cpu64["test"]).values())
             record[f"{dataset.name}_float32_noise"] = noise
-            self.row(step, f"{what}: test errors, CPU float32 against float64 (largest relative difference)",
-                     f"{fmt(noise)}", "the float32 noise")
+            self.row(
+                step,
+                f"{what}: test errors, CPU float32 against float64 (largest relative difference)",
+                f"{fmt(noise)}",
+                "the float32 noise",
+            )
         if cuda and cpu:
             differences = relative_differences(cuda["test"], cpu["test"])
             worst = max(differences.values())
             tolerance = max(3 * noise, 2e-3) if noise is not None else 2e-2
             agree = worst <= tolerance
-            record[f"{dataset.name}_cuda_vs_cpu"] = {"relative_differences": differences, "tolerance": tolerance,
-                                                     "agree": agree}
-            self.row(step, f"{what}: test errors, CUDA against CPU float32 (largest relative difference)",
-                     f"{fmt(worst)} (tolerance {fmt(tolerance)})", "agree" if agree else "DISAGREE")
+            record[f"{dataset.name}_cuda_vs_cpu"] = {
+                "relative_differences": differences,
+                "tolerance": tolerance,
+                "agree": agree,
+            }
+            self.row(
+                step,
+                f"{what}: test errors, CUDA against CPU float32 (largest relative difference)",
+                f"{fmt(worst)} (tolerance {fmt(tolerance)})",
+                "agree" if agree else "DISAGREE",
+            )
             if not agree:
                 record.setdefault("failures", []).append(f"CUDA and CPU test errors differ by {worst:.3g}")
         for label, figures in runs.items():
@@ -482,17 +562,23 @@ class Check:
     def train_soap(self, record: dict) -> None:
         datasets = [d for d in (self.ethanol(),) if d] or [Dataset("EMT metals", EMT, EMT_TARGETS)]
         if datasets[0].name != "ethanol":
-            self.say("  no ethanol data (run benchmarks/device_wheels.sh, which copies it into .whl/data): "
-                     "training on examples/data/emt_metals.xyz instead")
+            self.say(
+                "  no ethanol data (run benchmarks/device_wheels.sh, which copies it into .whl/data): "
+                "training on examples/data/emt_metals.xyz instead"
+            )
             self.row("train SOAP-BPNN", "data", "no ethanol data carried: EMT metals instead", "note")
         record["dataset"] = datasets[0].name
-        self.reference = (datasets[0], self.compare_devices(record, "train SOAP-BPNN", "soap_bpnn", datasets[0],
-                                                            not self.args.no_noise_reference))
+        self.reference = (
+            datasets[0],
+            self.compare_devices(record, "train SOAP-BPNN", "soap_bpnn", datasets[0], not self.args.no_noise_reference),
+        )
 
     def train_message_passing(self, record: dict) -> None:
         if MESSAGE_PASSING not in getattr(self, "architectures", []):
-            raise Skipped(f"architecture '{MESSAGE_PASSING}' is not in this mtt yet "
-                          f"(available: {', '.join(getattr(self, 'architectures', []))})")
+            raise Skipped(
+                f"architecture '{MESSAGE_PASSING}' is not in this mtt yet "
+                f"(available: {', '.join(getattr(self, 'architectures', []))})"
+            )
         dataset = self.ethanol() or Dataset("EMT metals", EMT, EMT_TARGETS)
         self.compare_devices(record, f"train {MESSAGE_PASSING}", MESSAGE_PASSING, dataset, noise_reference=False)
 
@@ -502,21 +588,33 @@ class Check:
         single = runs.get(f"{label} float32")
 
         def one_rank() -> None:
-            figures = self.train(self.work / "torchrun" / f"one-rank-{label}", dataset,
-                                 [f"device={device}", "base_precision=32"], epochs=self.args.epochs, ranks=1)
+            figures = self.train(
+                self.work / "torchrun" / f"one-rank-{label}",
+                dataset,
+                [f"device={device}", "base_precision=32"],
+                epochs=self.args.epochs,
+                ranks=1,
+            )
             record["one_rank"] = figures
             described = figures["distributed"] or ""
             ok = f"{backend} backend" in described
-            self.row("torchrun", f"--nproc-per-node 1, distributed=true, {label}",
-                     f"{described}; {figures['structures_per_s']:.1f} structures/s", "ok" if ok else "FAILED")
+            self.row(
+                "torchrun",
+                f"--nproc-per-node 1, distributed=true, {label}",
+                f"{described}; {figures['structures_per_s']:.1f} structures/s",
+                "ok" if ok else "FAILED",
+            )
             if not ok:
                 record.setdefault("failures", []).append(f"not the {backend} backend: {described}")
             if single:
                 same = figures["test_line"] == single["test_line"]
                 worst = max(relative_differences(figures["test"], single["test"]).values())
-                self.row("torchrun", f"test errors against one process on {label}",
-                         "identical" if same else f"largest relative difference {fmt(worst)}",
-                         "ok" if same or worst <= 2e-3 else "DIFFERENT")
+                self.row(
+                    "torchrun",
+                    f"test errors against one process on {label}",
+                    "identical" if same else f"largest relative difference {fmt(worst)}",
+                    "ok" if same or worst <= 2e-3 else "DIFFERENT",
+                )
             self.say(f"  torchrun, 1 rank, {backend}: {described}; {figures['test_line']}")
 
         self.attempt(record, f"torchrun one rank ({backend})", one_rank)
@@ -524,20 +622,31 @@ class Check:
         cases = [("cpu", "cpu", "gloo")] + ([("cuda", self.gpu, self.gpu_backend)] if self.cuda else [])
         seen = {}
         for case_label, case_device, case_backend in cases:
-            result = self.attempt(record, f"port in use ({case_backend} on {case_label})",
-                                  lambda: self.port_in_use(dataset, case_label, case_device, case_backend))
+            result = self.attempt(
+                record,
+                f"port in use ({case_backend} on {case_label})",
+                lambda: self.port_in_use(dataset, case_label, case_device, case_backend),
+            )
             if result is None:
                 continue
             seen[case_label] = result
             record[f"port_in_use_{case_label}"] = result
             expected = result["mtt_exit"] == 3 and "could not complete the rendezvous" in result["message"]
-            self.row("torchrun", f"port in use, {case_backend} on {case_label}",
-                     f"torchrun exit {result['torchrun_exit']}, rank exit {result['mtt_exit']} after "
-                     f"{result['seconds']:.0f} s: `{result['message'][:160]}`", "ok" if expected else "UNEXPECTED")
+            self.row(
+                "torchrun",
+                f"port in use, {case_backend} on {case_label}",
+                f"torchrun exit {result['torchrun_exit']}, rank exit {result['mtt_exit']} after "
+                f"{result['seconds']:.0f} s: `{result['message'][:160]}`",
+                "ok" if expected else "UNEXPECTED",
+            )
         if "cpu" in seen and "cuda" in seen:
             same = all(seen["cpu"][key] == seen["cuda"][key] for key in ("message", "mtt_exit", "torchrun_exit"))
-            self.row("torchrun", f"port in use: {self.gpu_backend} on cuda against gloo on cpu", "same message and exits" if same else "different",
-                     "ok" if same else "DIFFERENT")
+            self.row(
+                "torchrun",
+                f"port in use: {self.gpu_backend} on cuda against gloo on cpu",
+                "same message and exits" if same else "different",
+                "ok" if same else "DIFFERENT",
+            )
             if not same:
                 record.setdefault("failures", []).append("the port-in-use case differs between NCCL and gloo")
 
@@ -548,23 +657,53 @@ class Check:
             port = holder.getsockname()[1]
             folder = self.work / "torchrun" / f"port-in-use-{label}"
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "options.yaml").write_text(OPTIONS.format(
-                seed=self.args.seed, architecture="soap_bpnn", epochs=1, batch=16, data=dataset.path,
-                targets=dataset.targets))
-            done = self.run([PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                             f"--master-port={free_port()}", "-m", "mtt", "train", "options.yaml",
-                             "distributed=true", f"distributed.port={port}",
-                             f"distributed.timeout={self.args.port_timeout}", f"device={device}"],
-                            folder, timeout=self.args.port_timeout + 60)
+            (folder / "options.yaml").write_text(
+                OPTIONS.format(
+                    seed=self.args.seed,
+                    architecture="soap_bpnn",
+                    epochs=1,
+                    batch=16,
+                    data=dataset.path,
+                    targets=dataset.targets,
+                )
+            )
+            done = self.run(
+                [
+                    PYTHON,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nproc-per-node",
+                    "1",
+                    f"--master-port={free_port()}",
+                    "-m",
+                    "mtt",
+                    "train",
+                    "options.yaml",
+                    "distributed=true",
+                    f"distributed.port={port}",
+                    f"distributed.timeout={self.args.port_timeout}",
+                    f"device={device}",
+                ],
+                folder,
+                timeout=self.args.port_timeout + 60,
+            )
         if done.timed_out:
-            raise StepFailed(f"killed at its time limit, {done.seconds:.0f} s after being given a port in use "
-                             f"(distributed.timeout={self.args.port_timeout})")
+            raise StepFailed(
+                f"killed at its time limit, {done.seconds:.0f} s after being given a port in use "
+                f"(distributed.timeout={self.args.port_timeout})"
+            )
         messages = [line for line in done.stderr.splitlines() if line.startswith("mtt")]
         rank_exit = re.search(r"exitcode\s*:\s*(-?\d+)", done.stderr)
         message = (messages[0] if messages else tail(done.stderr, 1)).replace(str(port), "PORT")
-        self.say(f"  port in use ({backend} on {label}): torchrun exit {done.returncode}, after {done.seconds:.0f} s: {message}")
-        return {"torchrun_exit": done.returncode, "mtt_exit": int(rank_exit.group(1)) if rank_exit else None,
-                "message": message, "seconds": done.seconds}
+        self.say(
+            f"  port in use ({backend} on {label}): torchrun exit {done.returncode}, after {done.seconds:.0f} s: {message}"
+        )
+        return {
+            "torchrun_exit": done.returncode,
+            "mtt_exit": int(rank_exit.group(1)) if rank_exit else None,
+            "message": message,
+            "seconds": done.seconds,
+        }
 
     def md(self, record: dict) -> None:
         label, device = ("cuda", self.gpu) if self.cuda else ("cpu", "cpu")
@@ -577,16 +716,39 @@ class Check:
         else:
             self.say("  no ethanol model trained in float32 on this device: MD of the metal cell only")
             self.row("MD", "ethanol", "no ethanol model trained on this device", "skipped")
-        metal = self.attempt(record, "metal model for MD", lambda: self.train(
-            self.work / "md" / "emt-model", Dataset("EMT metals", EMT, EMT_TARGETS),
-            [f"device={device}", "base_precision=32"], epochs=self.args.md_train_epochs))
+        metal = self.attempt(
+            record,
+            "metal model for MD",
+            lambda: self.train(
+                self.work / "md" / "emt-model",
+                Dataset("EMT metals", EMT, EMT_TARGETS),
+                [f"device={device}", "base_precision=32"],
+                epochs=self.args.md_train_epochs,
+            ),
+        )
         if metal:
             systems.append(("cu1008", Path(metal["folder"]), self.args.md_steps_large, 2))
         for system, run, steps, warmup in systems:
-            command = [PYTHON, str(ROOT / "benchmarks" / "device_md.py"), "--model", str(run / "model.pt"),
-                       "--checkpoint", str(run / "model.ckpt"), "--system", system, "--devices", *devices,
-                       "--steps", str(steps), "--seconds", str(self.args.md_seconds), "--warmup", str(warmup),
-                       "--fd-atoms", str(self.args.fd_atoms)]
+            command = [
+                PYTHON,
+                str(ROOT / "benchmarks" / "device_md.py"),
+                "--model",
+                str(run / "model.pt"),
+                "--checkpoint",
+                str(run / "model.ckpt"),
+                "--system",
+                system,
+                "--devices",
+                *devices,
+                "--steps",
+                str(steps),
+                "--seconds",
+                str(self.args.md_seconds),
+                "--warmup",
+                str(warmup),
+                "--fd-atoms",
+                str(self.args.fd_atoms),
+            ]
             if system == "ethanol":
                 command += ["--structure", str(dataset.path)]
             result = self.attempt(record, f"MD {system}", lambda: self.md_worker(command, system))
@@ -594,27 +756,40 @@ class Check:
                 continue
             record[system] = result
             name = {"ethanol": "ethanol (9 atoms)", "cu1008": "Cu fcc, periodic (1008 atoms)"}[system]
-            rates = ", ".join(f"{d.upper() if d == 'cuda' else 'CPU'} {r['steps_per_s']:.1f}"
-                              for d, r in result["md"].items())
+            rates = ", ".join(
+                f"{d.upper() if d == 'cuda' else 'CPU'} {r['steps_per_s']:.1f}" for d, r in result["md"].items()
+            )
             self.row("MD", f"{name}: VelocityVerlet steps/s", rates)
             drift = ", ".join(f"{d} {r['energy_drift_meV_per_atom']:+.3f}" for d, r in result["md"].items())
             steps = next(iter(result["md"].values()))["steps"]
             self.row("MD", f"{name}: total energy drift (meV/atom, {steps} steps)", drift)
             key = f"forces_{label}_vs_cpu_max_rel"
             if key in result:
-                self.row("MD", f"{name}: forces, CUDA against CPU (largest relative difference)",
-                         fmt(result[key]), "ok" if result[key] < 1e-3 else "LARGE")
+                self.row(
+                    "MD",
+                    f"{name}: forces, CUDA against CPU (largest relative difference)",
+                    fmt(result[key]),
+                    "ok" if result[key] < 1e-3 else "LARGE",
+                )
             if result.get("incomplete"):
                 self.row("MD", f"{name}: the MD run", result["incomplete"], "INCOMPLETE")
                 record.setdefault("failures", []).append(f"MD {system}: {result['incomplete']}")
             fd = result.get("finite_differences")
             if fd is None:
                 continue
-            self.row("MD", f"{name}: forces against finite differences of the energy (float64 copy, {fd['device']})",
-                     f"largest error {fmt(fd['max_abs_error_eV_per_A'])} eV/A, forces up to "
-                     f"{fmt(fd['max_force_eV_per_A'])} eV/A", "ok" if fd["ok"] else "FAILED")
-            self.row("MD", f"{name}: forces, float32 against float64", fmt(fd["float32_vs_float64_forces_max_rel"]),
-                     "ok" if fd["float32_vs_float64_forces_max_rel"] < 1e-3 else "LARGE")
+            self.row(
+                "MD",
+                f"{name}: forces against finite differences of the energy (float64 copy, {fd['device']})",
+                f"largest error {fmt(fd['max_abs_error_eV_per_A'])} eV/A, forces up to "
+                f"{fmt(fd['max_force_eV_per_A'])} eV/A",
+                "ok" if fd["ok"] else "FAILED",
+            )
+            self.row(
+                "MD",
+                f"{name}: forces, float32 against float64",
+                fmt(fd["float32_vs_float64_forces_max_rel"]),
+                "ok" if fd["float32_vs_float64_forces_max_rel"] < 1e-3 else "LARGE",
+            )
             if not fd["ok"]:
                 record.setdefault("failures", []).append(f"{system}: forces disagree with finite differences")
 
@@ -622,9 +797,11 @@ class Check:
         done = self.run(command, self.work / "md" / system, timeout=None)
         results = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
         if not results:
-            raise StepFailed(f"device_md.py {'killed at its time limit' if done.timed_out else 'exited ' + str(done.returncode)}: "
-                             + tail(done.stderr, 2))
-        result = json.loads(results[-1][len("RESULT "):])
+            raise StepFailed(
+                f"device_md.py {'killed at its time limit' if done.timed_out else 'exited ' + str(done.returncode)}: "
+                + tail(done.stderr, 2)
+            )
+        result = json.loads(results[-1][len("RESULT ") :])
         if done.timed_out or done.returncode != 0:
             result["incomplete"] = "killed at its time limit" if done.timed_out else f"exited {done.returncode}"
             self.say(f"  MD {system}: {result['incomplete']}, keeping what it measured")
@@ -632,8 +809,10 @@ class Check:
             self.say(f"  MD {system} on {device}: {rate['steps_per_s']:.1f} steps/s ({rate['steps']} steps)")
         fd = result.get("finite_differences")
         if fd:
-            self.say(f"  {system}: finite differences {'ok' if fd['ok'] else 'FAILED'}, largest error "
-                     f"{fd['max_abs_error_eV_per_A']:.2e} eV/A")
+            self.say(
+                f"  {system}: finite differences {'ok' if fd['ok'] else 'FAILED'}, largest error "
+                f"{fd['max_abs_error_eV_per_A']:.2e} eV/A"
+            )
         return result
 
     def scaling(self, record: dict) -> None:
@@ -659,32 +838,52 @@ class Check:
             # the cores itself (distributed._share_cores)
             env = {"OMP_NUM_THREADS": ""} if threads == "mtt" else {"OMP_NUM_THREADS": None}
             label = f"{ranks}" if threads == "mtt" else f"{ranks}-torchrun-threads"
-            figures = self.attempt(record, f"{ranks} ranks ({threads} threads)", lambda: self.train(
-                self.work / "scaling" / f"{ranks}-{threads}", dataset, ["device=cpu"], epochs=self.args.scaling_epochs,
-                batch=batch // ranks, ranks=ranks, env=env))
+            figures = self.attempt(
+                record,
+                f"{ranks} ranks ({threads} threads)",
+                lambda: self.train(
+                    self.work / "scaling" / f"{ranks}-{threads}",
+                    dataset,
+                    ["device=cpu"],
+                    epochs=self.args.scaling_epochs,
+                    batch=batch // ranks,
+                    ranks=ranks,
+                    env=env,
+                ),
+            )
             if figures is None:
                 continue
             figures["ranks"] = ranks
             figures["threads_per_rank"] = max(1, cores // ranks) if threads == "mtt" else 1
-            figures["threads_set_by"] = ("mtt (OMP_NUM_THREADS set but empty)" if threads == "mtt"
-                                         else "torchrun (OMP_NUM_THREADS=1)")
+            figures["threads_set_by"] = (
+                "mtt (OMP_NUM_THREADS set but empty)" if threads == "mtt" else "torchrun (OMP_NUM_THREADS=1)"
+            )
             results[label] = figures
-            self.say(f"  {ranks} ranks x {figures['threads_per_rank']} threads ({figures['threads_set_by']}): "
-                     f"{figures['seconds_per_epoch']:.3f} s/epoch")
+            self.say(
+                f"  {ranks} ranks x {figures['threads_per_rank']} threads ({figures['threads_set_by']}): "
+                f"{figures['seconds_per_epoch']:.3f} s/epoch"
+            )
         record["runs"] = results
-        record["dataset"] = {"structures": self.args.scaling_structures, "global_batch": batch,
-                             "epochs": self.args.scaling_epochs, "cores": cores}
+        record["dataset"] = {
+            "structures": self.args.scaling_structures,
+            "global_batch": batch,
+            "epochs": self.args.scaling_epochs,
+            "cores": cores,
+        }
         one = results.get("1")
         for label, figures in sorted(results.items(), key=lambda item: (item[1]["ranks"], item[0])):
             ranks = figures["ranks"]
             if one:
                 speed_up = one["seconds_per_epoch"] / figures["seconds_per_epoch"]
                 figures["speed_up"], figures["efficiency"] = speed_up, speed_up / ranks
-                same = (figures["test_line"] == one["test_line"]
-                        and figures["final_validation"] == one["final_validation"])
+                same = (
+                    figures["test_line"] == one["test_line"] and figures["final_validation"] == one["final_validation"]
+                )
                 figures["identical_to_one_rank"] = same
-                value = (f"{figures['seconds_per_epoch']:.3f} s/epoch, speed-up {speed_up:.2f}x, "
-                         f"efficiency {speed_up / ranks:.0%}, peak {figures['peak_memory_mb']:.0f} MB/rank")
+                value = (
+                    f"{figures['seconds_per_epoch']:.3f} s/epoch, speed-up {speed_up:.2f}x, "
+                    f"efficiency {speed_up / ranks:.0%}, peak {figures['peak_memory_mb']:.0f} MB/rank"
+                )
                 verdict = "identical errors" if same else "ERRORS DIFFER"
                 if not same:
                     record.setdefault("failures", []).append(f"{label} ranks: test errors differ from 1 rank")
@@ -693,9 +892,14 @@ class Check:
             threads = f"{figures['threads_per_rank']} thread{'s' if figures['threads_per_rank'] > 1 else ''}"
             if label.endswith("torchrun-threads"):
                 threads += " (torchrun's OMP_NUM_THREADS=1)"
-            self.row("CPU scaling", f"{ranks} rank{'s' if ranks > 1 else ''} x {threads}; "
-                     f"{self.args.scaling_structures} EMT structures, global batch {batch}, "
-                     f"{self.args.scaling_epochs} epochs", value, verdict)
+            self.row(
+                "CPU scaling",
+                f"{ranks} rank{'s' if ranks > 1 else ''} x {threads}; "
+                f"{self.args.scaling_structures} EMT structures, global batch {batch}, "
+                f"{self.args.scaling_epochs} epochs",
+                value,
+                verdict,
+            )
 
     def generate_emt(self, count: int) -> Path:
         """``count`` EMT structures, made by four generator processes at once."""
@@ -704,8 +908,16 @@ class Check:
         processes = []
         for part in range(parts):
             size = count // parts + (1 if part < count % parts else 0)
-            command = [PYTHON, str(GENERATOR), "--n-structures", str(size), "--seed", str(100 + part),
-                       "--output", str(folder / f"part{part}.xyz")]
+            command = [
+                PYTHON,
+                str(GENERATOR),
+                "--n-structures",
+                str(size),
+                "--seed",
+                str(100 + part),
+                "--output",
+                str(folder / f"part{part}.xyz"),
+            ]
             processes.append(self.run_background(command, folder / f"generate{part}"))
         for process in processes:
             if process.wait(timeout=max(5, self.remaining())) != 0:
@@ -717,23 +929,33 @@ class Check:
 
     def run_background(self, command: list[str], cwd: Path) -> subprocess.Popen:
         cwd.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(command, cwd=cwd, stdout=open(cwd / "stdout.txt", "w"),
-                                stderr=open(cwd / "stderr.txt", "w"))
+        return subprocess.Popen(
+            command, cwd=cwd, stdout=open(cwd / "stdout.txt", "w"), stderr=open(cwd / "stderr.txt", "w")
+        )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--cpu-only", action="store_true", help="a dry run: every step a CPU can run")
-    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "outputs" / "device_check"),
-                        help="where device_check.md, .json and .log go (default: $OUT, else outputs/device_check)")
-    parser.add_argument("--work", help="scratch folder for the runs, emptied first (default: outputs/device_check-work)")
-    parser.add_argument("--budget", type=float, default=440, help="seconds for the whole check; steps past it are skipped")
+    parser.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or str(ROOT / "outputs" / "device_check"),
+        help="where device_check.md, .json and .log go (default: $OUT, else outputs/device_check)",
+    )
+    parser.add_argument(
+        "--work", help="scratch folder for the runs, emptied first (default: outputs/device_check-work)"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=440, help="seconds for the whole check; steps past it are skipped"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=20, help="epochs of the CUDA-against-CPU trainings")
     parser.add_argument("--ethanol", help="ethanol data (default: .whl/data/ethanol_reduced_100.xyz)")
-    parser.add_argument("--no-noise-reference", action="store_true",
-                        help="skip the float64 CPU training that measures float32 noise")
+    parser.add_argument(
+        "--no-noise-reference", action="store_true", help="skip the float64 CPU training that measures float32 noise"
+    )
     parser.add_argument("--port-timeout", type=int, default=8, help="distributed.timeout of the port-in-use case")
     parser.add_argument("--md-train-epochs", type=int, default=5, help="epochs of the metal model for MD")
     parser.add_argument("--md-steps", type=int, default=300, help="timed MD steps of ethanol (per device)")
@@ -744,22 +966,41 @@ def main() -> int:
     parser.add_argument("--scaling-structures", type=int, default=1000)
     parser.add_argument("--scaling-batch", type=int, default=32, help="global batch of the scaling runs")
     parser.add_argument("--scaling-epochs", type=int, default=4)
-    parser.add_argument("--no-torchrun-threads-row", dest="torchrun_threads_row", action="store_false",
-                        help="skip the 2-rank run with torchrun's OMP_NUM_THREADS=1")
-    parser.add_argument("--pretend-gpu", action="store_true",
-                        help="a test of this script: the GPU path, with the CPU (and gloo) standing in for CUDA")
-    parser.add_argument("--steps", nargs="+", default=["environment", "train", "torchrun", "md", "message-passing", "scaling"],
-                        help="which steps to run, in this order")
+    parser.add_argument(
+        "--no-torchrun-threads-row",
+        dest="torchrun_threads_row",
+        action="store_false",
+        help="skip the 2-rank run with torchrun's OMP_NUM_THREADS=1",
+    )
+    parser.add_argument(
+        "--pretend-gpu",
+        action="store_true",
+        help="a test of this script: the GPU path, with the CPU (and gloo) standing in for CUDA",
+    )
+    parser.add_argument(
+        "--steps",
+        nargs="+",
+        default=["environment", "train", "torchrun", "md", "message-passing", "scaling"],
+        help="which steps to run, in this order",
+    )
     args = parser.parse_args()
 
     check = Check(args)
-    check.say(f"mtt device check ({check.results['mode']}): figures to {check.out}, runs in {check.work}, "
-              f"budget {args.budget:.0f} s")
+    check.say(
+        f"mtt device check ({check.results['mode']}): figures to {check.out}, runs in {check.work}, "
+        f"budget {args.budget:.0f} s"
+    )
     # the most each step may take, as fractions of the budget; what a step leaves goes to the next
     shares = {"environment": 0.12, "train": 0.38, "torchrun": 0.22, "md": 0.26, "message-passing": 0.2, "scaling": 1.0}
     budgets = {name: share * args.budget for name, share in shares.items()}
-    functions = {"environment": check.environment, "train": check.train_soap, "torchrun": check.torchrun,
-                 "md": check.md, "message-passing": check.train_message_passing, "scaling": check.scaling}
+    functions = {
+        "environment": check.environment,
+        "train": check.train_soap,
+        "torchrun": check.torchrun,
+        "md": check.md,
+        "message-passing": check.train_message_passing,
+        "scaling": check.scaling,
+    }
     for name in args.steps:
         check.step(name, budgets[name], functions[name])
     check.write()

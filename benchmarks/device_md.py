@@ -118,8 +118,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--system", required=True, choices=["ethanol", "cu1008"])
     parser.add_argument("--structure", help="file whose first frame is the ethanol molecule")
-    parser.add_argument("--devices", nargs="+", default=["cuda", "cpu"],
-                        help="torch devices, the first also for the finite differences; LABEL=DEVICE runs DEVICE under LABEL")
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        default=["cuda", "cpu"],
+        help="torch devices, the first also for the finite differences; LABEL=DEVICE runs DEVICE under LABEL",
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0, help="at most this long per device")
     parser.add_argument("--warmup", type=int, default=10)
@@ -154,7 +158,8 @@ def main() -> None:
             forces64 = fd.pop("forces64")
             fd["device"] = label
             fd["float32_vs_float64_forces_max_rel"] = float(
-                np.abs(forces[first] - forces64).max() / max(np.abs(forces64).max(), 1e-12))
+                np.abs(forces[first] - forces64).max() / max(np.abs(forces64).max(), 1e-12)
+            )
             result["finite_differences"] = fd
             report()
 
