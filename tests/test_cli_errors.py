@@ -384,7 +384,7 @@ def test_error_inside_an_architecture_blames_it(tmp_path, data_file, monkeypatch
         def __init__(self, hypers, info):
             super().__init__(info)
 
-        def per_atom_outputs(self, systems):
+        def per_atom_outputs(self, batch):
             raise ValueError("shapes (3, 4) and (5,) do not match in the broken layer")
 
     @dataclasses.dataclass

@@ -301,7 +301,7 @@ def test_batches_reuse_systems_and_their_derivatives_stay_right():
     weights = list(model.parameters())
 
     def step(structures):
-        batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True)
+        batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True, flat=False)
         predictions = predict(model, batch, info, create_graph=True)
         loss = sum(getattr(predictions, kind)["energy"].square().sum() for kind in ("values", "forces", "stress"))
         model.zero_grad()

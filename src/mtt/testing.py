@@ -11,14 +11,14 @@ for non-default hyperparameters)::
 The suite builds the model on a few EMT structures of Cu, Au and Pt (made on the fly with
 ASE) and checks what the framework relies on: extensive, permutation- and
 rotation-invariant energies; forces and stress equal to finite differences of the energy;
-the same numbers and weight gradients from flat batches as from systems, for models that
-take them; per-atom outputs that add up to the total; and an export that TorchScript
-compiles and that gives the same numbers in a fresh Python process without mtt.
+the same numbers and weight gradients in training (eager, flat batches, with or without
+the kept inputs) as in the exported model (TorchScript, metatomic systems); per-atom
+outputs that add up to the total; and an export that gives the same numbers in a fresh
+Python process without mtt.
 """
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 import textwrap
@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from .architectures import load
-from .data.batching import compute_neighbor_lists, make_batch
+from .data.batching import compute_neighbor_lists, flat_batch_of, make_batch
 from .data.dataset import DatasetInfo
 from .data.readers import Structure, TargetInfo
 from .schema import parse_options
@@ -144,12 +144,12 @@ class ArchitectureTests:
 
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
-        for derivatives, flat in itertools.product(
-            (False, True), (False, True) if model.uses_flat_batches() else (False,)
-        ):
+        for derivatives in (False, True):
             target = TargetInfo("energy", "energy", "eV", forces=derivatives, stress=derivatives)
             targets = DatasetInfo(info.atomic_types, {"energy": target})
-            kept = PrecomputedInputs(model, derivatives, budget_mb=100)
+            kept = PrecomputedInputs(
+                model, derivatives, 100, lambda structure: flat_batch_of(structure, torch.float64, torch.device("cpu"))
+            )
             results = []
             for use in (False, True, True):  # computed, then kept, then reused
                 batch = make_batch(
@@ -158,8 +158,6 @@ class ArchitectureTests:
                     torch.device("cpu"),
                     derivatives,
                     derivatives,
-                    attach=kept.attach if use else None,
-                    flat=flat,
                     keep=kept.keep if use else None,
                 )
                 predictions = predict(model, batch, targets, create_graph=derivatives)
@@ -177,29 +175,29 @@ class ArchitectureTests:
                 torch.testing.assert_close(predictions.stress, results[0][0].stress, rtol=1e-12, atol=1e-12)
                 torch.testing.assert_close(gradients, results[0][1], rtol=1e-10, atol=1e-12)
 
-    def test_flat_batches_change_nothing(self, model, info):
-        """Flat batches (``Model.takes_flat_batches``) give the same values, forces, stress
-        and gradients of a force and stress loss with respect to the weights as systems."""
-        if not model.uses_flat_batches():
-            pytest.skip(f"{self.name} takes one System per structure")
+    def test_training_equals_the_exported_model(self, model, info):
+        """The model as trained (eager, on the trainer's flat batches) and as exported
+        (TorchScript, on metatomic systems) give the same values, forces and stress, and
+        the same gradients of a force and stress loss with respect to the weights."""
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
-        weights = [p for p in model.parameters() if p.requires_grad]
+        scripted = torch.jit.script(model)
         results = []
-        for flat in (False, True):
+        for module, flat in ((model, True), (scripted, False)):
             batch = make_batch(structures, torch.float64, torch.device("cpu"), True, True, flat=flat)
-            predictions = predict(model, batch, info, create_graph=True)
+            predictions = predict(module, batch, info, create_graph=True)
             loss = (
                 predictions.values["energy"].square().sum()
                 + predictions.forces["energy"].square().sum()
                 + predictions.stress["energy"].square().sum()
             )
+            weights = [p for p in module.parameters() if p.requires_grad]
             gradients = torch.autograd.grad(loss, weights, allow_unused=True) if weights else []
             results.append((predictions, [g for g in gradients if g is not None]))
-        (systems, expected), (flat, gradients) = results
-        torch.testing.assert_close(flat.values, systems.values, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(flat.forces, systems.forces, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(flat.stress, systems.stress, rtol=1e-10, atol=1e-12)
+        (trained, gradients), (exported, expected) = results
+        torch.testing.assert_close(trained.values, exported.values, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(trained.forces, exported.forces, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(trained.stress, exported.stress, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(gradients, expected, rtol=1e-9, atol=1e-12)
 
     def test_per_atom_outputs_add_up(self, model, info):
@@ -207,7 +205,7 @@ class ArchitectureTests:
 
         structures = emt_structures(2)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
-        systems = make_batch(structures, torch.float64, torch.device("cpu"), False, False).systems
+        systems = make_batch(structures, torch.float64, torch.device("cpu"), False, False, flat=False).systems
         total = model(systems, {"energy": ModelOutput(sample_kind="system")})["energy"].block().values
         atoms = model(systems, {"energy": ModelOutput(sample_kind="atom")})["energy"].block()
         per_system = torch.zeros_like(total).index_add(0, atoms.samples.column("system"), atoms.values)

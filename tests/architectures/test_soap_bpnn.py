@@ -18,6 +18,7 @@ from metatomic.torch import System, register_autograd_neighbors  # noqa: E402
 from vesin.metatomic import NeighborList  # noqa: E402
 
 from mtt.architectures.soap_bpnn.soap import SoapPowerSpectrum, featomic_hypers  # noqa: E402
+from mtt.data.flat_batch import batch_of_systems  # noqa: E402
 
 
 def _systems(frames, options):
@@ -60,7 +61,9 @@ def test_torch_soap_equals_featomic(max_angular, max_radial):
     weights = torch.randn(ours.n_features, dtype=torch.float64)
 
     our_systems = _systems(frames, ours.requested_neighbor_lists()[0])
-    our_features = ours(our_systems)
+    batch = batch_of_systems(our_systems, ours.requested_neighbor_lists())
+    our_pairs = batch.neighbors[0]
+    our_features = ours(batch.types, our_pairs.first, our_pairs.second, our_pairs.vectors)
     reference_systems = _systems(frames, reference.requested_neighbor_lists()[0])
     features = reference(reference_systems).keys_to_properties(pairs)
     first_atom = np.cumsum([0] + [len(atoms) for atoms in frames])
@@ -81,7 +84,7 @@ def test_training_keeps_the_descriptor():
     """The trainer keeps, per structure, the features as the networks take them and, when
     forces or stress are trained, all their derivatives need; within the budget only."""
     from mtt.architectures import load
-    from mtt.data.batching import compute_neighbor_lists, make_batch
+    from mtt.data.batching import compute_neighbor_lists, flat_batch_of, make_batch
     from mtt.data.dataset import DatasetInfo
     from mtt.data.readers import TargetInfo
     from mtt.schema import parse_options
@@ -97,23 +100,26 @@ def test_training_keeps_the_descriptor():
     n_pairs = sum(len(s.neighbors[0][1].values) for s in structures)
     soap = model.soap
 
-    energy_only = PrecomputedInputs(model, derivatives=False, budget_mb=100)
-    batch = make_batch(structures, torch.float32, torch.device("cpu"), False, False, flat=True, keep=energy_only.keep)
+    def batch_of(structure):
+        return flat_batch_of(structure, torch.float32, torch.device("cpu"))
+
+    energy_only = PrecomputedInputs(model, derivatives=False, budget_mb=100, batch_of=batch_of)
+    batch = make_batch(structures, torch.float32, torch.device("cpu"), False, False, keep=energy_only.keep)
     assert sorted(batch.flat.data) == ["mtt::soap_inputs"]
     assert energy_only.used == n_atoms * soap.n_features * 4
 
-    with_forces = PrecomputedInputs(model, derivatives=True, budget_mb=100)
-    batch = make_batch(structures, torch.float32, torch.device("cpu"), True, False, flat=True, keep=with_forces.keep)
+    with_forces = PrecomputedInputs(model, derivatives=True, budget_mb=100, batch_of=batch_of)
+    batch = make_batch(structures, torch.float32, torch.device("cpu"), True, False, keep=with_forces.keep)
     assert sorted(batch.flat.data) == ["mtt::soap_atoms", "mtt::soap_inputs", "mtt::soap_pairs"]
     size, width = soap.max_angular + 1, 2 * soap.max_angular + 1
     per_atom = soap.n_features + 2 + size * soap.n_types * soap.n_radial * width
     per_pair = 3 + 1 + 2 * size * soap.n_radial + 4 * size * width + 2
     assert with_forces.used == (n_atoms * per_atom + n_pairs * per_pair) * 4
 
-    too_small = PrecomputedInputs(model, derivatives=True, budget_mb=1e-3)
+    too_small = PrecomputedInputs(model, derivatives=True, budget_mb=1e-3, batch_of=batch_of)
     fresh = emt_structures(2)
     compute_neighbor_lists(fresh, model.requested_neighbor_lists())
-    batch = make_batch(fresh, torch.float32, torch.device("cpu"), True, False, flat=True, keep=too_small.keep)
+    batch = make_batch(fresh, torch.float32, torch.device("cpu"), True, False, keep=too_small.keep)
     assert too_small.full and not batch.flat.data
 
 
@@ -129,7 +135,9 @@ def test_hand_written_derivatives_equal_autograd():
     types = sorted({int(z) for atoms in frames for z in atoms.numbers})
     soap = SoapPowerSpectrum(types, 4.5, 0.5, 4, 3, 0.3)
     systems = _systems(frames, soap.requested_neighbor_lists()[0])
-    species, first, second, vectors = soap._pairs(systems)
+    batch = batch_of_systems(systems, soap.requested_neighbor_lists())
+    pairs = batch.neighbors[0]
+    species, first, second, vectors = batch.types, pairs.first, pairs.second, pairs.vectors
     generator = torch.Generator().manual_seed(0)
     for eps in (None, 1e-5):
         plain = soap.power_spectrum(soap.expansion(species, first, second, vectors), len(species))

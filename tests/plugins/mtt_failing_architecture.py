@@ -20,14 +20,14 @@ class FailingHypers:
 class FailingModel(CompositionModel):
     calls = 0
 
-    def per_atom_outputs(self, systems):
+    def per_atom_outputs(self, batch):
         rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
         FailingModel.calls += 1
         if rank == os.environ.get("MTT_TEST_FAIL_RANK", "0") and FailingModel.calls > int(
             os.environ.get("MTT_TEST_FAIL_AFTER", "0")
         ):
             raise ValueError("deliberate failure of the test architecture")
-        return super().per_atom_outputs(systems)
+        return super().per_atom_outputs(batch)
 
 
 __model__ = FailingModel

@@ -1,10 +1,13 @@
 """What every architecture's model is: a metatomic-compatible module with a baseline.
 
-An architecture only turns systems into per-atom contributions (``atomic_features`` ->
-``per_atom_outputs``). This base class adds the per-element composition baseline and the
-target scale that the framework fits, sums atoms into structures and packs the results
-as metatensor ``TensorMap``, so the same module is used for training and, wrapped by
-metatomic's ``AtomisticModel``, in ASE, LAMMPS and i-PI.
+An architecture turns a batch of structures, given as flat tensors (:class:`FlatBatch`:
+types, positions, pairs with their vectors), into per-atom contributions
+(``per_atom_outputs``): one function, for training and for the exported model. This base
+class adds the per-element composition baseline and the target scale that the framework
+fits, sums atoms into structures and packs the results as metatensor ``TensorMap``; in
+an exported model its ``forward`` builds the flat batch from metatomic systems, so the
+same module runs in training and, wrapped by metatomic's ``AtomisticModel``, in ASE,
+LAMMPS and i-PI.
 """
 
 from typing import Dict, List, Optional
@@ -13,8 +16,8 @@ import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
-from ..data.batching import FlatBatch  # noqa: F401 (annotations)
 from ..data.dataset import DatasetInfo
+from ..data.flat_batch import FlatBatch, batch_of_systems
 
 
 def output_name(target: str) -> str:
@@ -50,71 +53,46 @@ class Model(torch.nn.Module):
         self._properties = Labels("_", torch.tensor([[0]]))
 
     # -- what an architecture implements -------------------------------------------------
-    def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
-        """Network contribution of every atom, (total atoms, number of targets).
+    def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
+        """Network contribution of every atom of ``batch``, (atoms, number of targets).
 
-        Atoms are ordered system by system, as in ``systems``.
+        The same function runs in training, with the trainer's batches (and what it keeps
+        in ``batch.data``), and in the exported model, with batches built from the
+        engine's systems (``batch.data`` empty); forces and stress are autograd's
+        derivatives of its output with respect to the positions and pair vectors.
         """
         raise NotImplementedError
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
-        """Neighbour lists the model reads from its systems (computed once per structure)."""
+        """Neighbour lists the model reads (``batch.neighbors``, in this order)."""
         return []
 
     @torch.jit.unused
     def interaction_range(self) -> float:
-        """How far, in Å, an atom's environment reaches (declared to simulation engines)."""
+        """How far, in Å, an atom's energy depends on other atoms (declared to simulation
+        engines: a message-passing model's is its layers times its cutoff)."""
         return 0.0
 
-    #: whether the trainer may give this model whole batches as flat tensors
-    #: (:meth:`per_atom_outputs_of_batch`) instead of one metatomic System per structure
-    takes_flat_batches: bool = False
-
-    @classmethod
-    def uses_flat_batches(cls) -> bool:
-        """``takes_flat_batches``, unless a subclass overrides :meth:`per_atom_outputs`
-        and not :meth:`per_atom_outputs_of_batch`: training must run the subclass's code."""
-        if not cls.takes_flat_batches:
-            return False
-        for klass in cls.__mro__:
-            if "per_atom_outputs_of_batch" in vars(klass):
-                return True
-            if "per_atom_outputs" in vars(klass):
-                return False
-        return False
-
-    def per_atom_outputs_of_batch(self, batch: "FlatBatch") -> torch.Tensor:
-        """:meth:`per_atom_outputs` of a batch given as flat tensors (types, pairs, kept data).
-
-        Optional, for training speed: a model that sets ``takes_flat_batches`` gets its
-        training and validation batches this way, and must give the same values and first
-        derivatives (with respect to the pair vectors) as :meth:`per_atom_outputs` on the
-        batch's systems; exported models always take systems.
-        """
-        raise NotImplementedError
-
-    def outputs_of_batch(self, batch: "FlatBatch") -> torch.Tensor:
-        """Per-structure outputs (structures, targets) of a flat batch, with the baseline."""
-        per_atom = self.composition(batch.types, self.per_atom_outputs_of_batch(batch))
-        totals = torch.zeros((batch.n_structures, per_atom.shape[1]), dtype=per_atom.dtype, device=per_atom.device)
-        return totals.index_add(0, batch.structure, per_atom)
-
     @torch.jit.unused
-    def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
+    def precompute(self, batch: FlatBatch, derivatives: bool) -> Dict[str, torch.Tensor]:
         """Data about one structure that does not depend on the weights, kept by the trainer.
 
-        The trainer calls this once per training or validation structure (with its neighbour
-        lists; ``derivatives`` when forces or stress are trained) and attaches the result
-        to that structure's system with ``System.add_data`` at every step, within the
-        memory budget ``training.cache_memory_mb``; flat batches get each name's block
-        values (one block, with rows of the model's choosing: per atom, per pair...)
-        concatenated structure by structure in ``FlatBatch.data``, when every structure
-        of the batch has them. A model given such data must return the same
-        values and first derivatives as without it. The default keeps nothing.
+        The trainer calls this once per training or validation structure (a batch of that
+        structure alone; ``derivatives`` when forces or stress are trained) and gives the
+        result back in ``batch.data`` at every step, rows concatenated structure by
+        structure, when every structure of the batch has them (within the memory budget
+        ``training.cache_memory_mb``). A model given such data must return the same values
+        and first derivatives as without it. The default keeps nothing.
         """
         return {}
 
     # -- what the framework provides ----------------------------------------------------
+    def outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
+        """Per-structure outputs (structures, targets) of a batch, with the baseline."""
+        per_atom = self.composition(batch.types, self.per_atom_outputs(batch))
+        totals = torch.zeros((batch.n_structures, per_atom.shape[1]), dtype=per_atom.dtype, device=per_atom.device)
+        return totals.index_add(0, batch.structure, per_atom)
+
     def forward(
         self,
         systems: List[System],
@@ -127,9 +105,10 @@ class Model(torch.nn.Module):
         fewest operations: numbering atoms within their systems is a noticeable part of a
         small molecule's energy and forces.
         """
-        types = systems[0].types if len(systems) == 1 else torch.cat([s.types for s in systems])
+        batch = batch_of_systems(systems, self.requested_neighbor_lists())
+        types = batch.types
         device = types.device
-        per_atom = self.composition(types, self.per_atom_outputs(systems))
+        per_atom = self.composition(types, self.per_atom_outputs(batch))
         keys = Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=device))
         properties = self._properties.to(device)
         per_atom_requested = False
@@ -151,7 +130,7 @@ class Model(torch.nn.Module):
 
         n_atoms = torch.tensor([len(s) for s in systems], device=device)
         first_atom = torch.cumsum(n_atoms, 0) - n_atoms
-        system_of_atom = torch.repeat_interleave(torch.arange(len(systems), device=device), n_atoms)
+        system_of_atom = batch.structure
         atom_numbers = torch.arange(len(types), device=device)
         if selected_atoms is not None:
             selected = torch.zeros(len(types), dtype=torch.bool, device=device)

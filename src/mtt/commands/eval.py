@@ -128,7 +128,7 @@ def _evaluate_dataset(
         bar = tqdm(total=len(structures), unit="structure", desc=f"evaluating {path.name}")
     for count, indices in enumerate(batches, start=1):
         chosen = [structures[i] for i in indices]
-        batch = make_batch(chosen, model.dtype, torch.device("cpu"), needs_forces, needs_stress)
+        batch = make_batch(chosen, model.dtype, torch.device("cpu"), needs_forces, needs_stress, flat=False)
         computed = predict(model, batch, info, create_graph=False)
         predictions = Predictions(
             *({k: v.detach() for k, v in part.items()} for part in (computed.values, computed.forces, computed.stress))

@@ -1,25 +1,23 @@
 """Turn structures into batches for the model, with neighbour lists cached.
 
 Neighbour lists depend only on the positions, which do not change during training, so
-they are computed once per structure. A batch comes in one of two forms:
+they are computed once per structure, and each structure's tensors are converted to the
+training dtype and device once. A batch comes in one of two forms:
 
-- one metatomic ``System`` per structure, what exported models see. Each structure's
-  system is built once (building one with its neighbour list is not cheap) and
-  reused by every batch. When forces or stress are trained its positions (and a strain,
-  for stress) are leaves that require grad, and the autograd link from them to the
-  neighbour vectors is made once and kept: differentiate through a batch with
-  ``torch.autograd.grad(..., retain_graph=True)`` or ``backward(inputs=weights)``, which
-  leave that link in place;
-- flat tensors of the whole batch (:class:`FlatBatch`), for models that take them
-  (``Model.takes_flat_batches``): the atoms' types and the pairs of every requested
-  neighbour list, numbered across the batch, with their vectors computed from the same
-  leaves in a few operations. Per-structure objects are a large part of a
-  force-training step of small structures; these cost nothing per structure.
+- a :class:`~mtt.data.flat_batch.FlatBatch`, the input of every architecture's model, for
+  training and validation: the atoms' types and positions and the pairs of every
+  requested neighbour list, numbered across the batch. Forces and stress are taken
+  against one positions leaf for all atoms and one strain leaf for all structures, from
+  which the pair vectors are computed in a few operations;
+- one metatomic ``System`` per structure, what exported models see (``mtt eval``). Each
+  structure's system is built once and reused by every batch; when forces or stress are
+  computed its positions (and a strain) are leaves that require grad, and the autograd
+  link from them to the neighbour vectors is made once and kept: differentiate through a
+  batch with ``torch.autograd.grad(..., retain_graph=True)``, which leaves it in place.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,6 +26,7 @@ from metatensor.torch import TensorBlock
 from metatomic.torch import NeighborListOptions, System, register_autograd_neighbors
 from vesin.metatomic import NeighborList
 
+from .flat_batch import FlatBatch, NeighborPairs
 from .readers import Structure
 
 
@@ -42,15 +41,6 @@ def compute_neighbor_lists(structures: list[Structure], requests: list[NeighborL
 
 
 @dataclass
-class PairList:
-    """One neighbour list of a whole batch: atoms numbered across the batch."""
-
-    first: torch.Tensor  # (pairs,) int64
-    second: torch.Tensor  # (pairs,) int64
-    vectors: torch.Tensor  # (pairs, 3), from first to second, differentiable w.r.t. the leaves
-
-
-@dataclass
 class _Pairs:
     """A structure's neighbour list as flat tensors: local atom numbers and cell shifts."""
 
@@ -60,56 +50,13 @@ class _Pairs:
 
 
 @dataclass
-class FlatBatch:
-    """A batch as flat tensors, for models that take them (``Model.per_atom_outputs_of_batch``).
-
-    ``positions`` (strained as the systems' positions are) and ``pairs`` (one
-    :class:`PairList` per neighbour list the model requested, in its order) are made when
-    first read, so a model that finds what it needs in ``data`` costs nothing for them.
-    """
-
-    types: torch.Tensor  # (atoms,) atomic numbers, structure by structure
-    structure: torch.Tensor  # (atoms,) the index of each atom's structure in the batch
-    n_structures: int
-    leaf: torch.Tensor  # (atoms, 3) the positions that forces are taken against
-    strain: torch.Tensor | None  # (structures, 3, 3) the displacements that stress is taken against
-    neighbors: list[list[_Pairs]]  # per requested neighbour list, each structure's pairs
-    data: dict[str, torch.Tensor] = field(default_factory=dict)  # kept inputs, rows structure by structure
-
-    @functools.cached_property
-    def positions(self) -> torch.Tensor:
-        if self.strain is None:
-            return self.leaf
-        return self.leaf + torch.bmm(self.leaf[:, None, :], self.strain.index_select(0, self.structure))[:, 0]
-
-    @functools.cached_property
-    def pairs(self) -> list[PairList]:
-        device = self.leaf.device
-        n_atoms = torch.bincount(self.structure, minlength=self.n_structures)
-        first_atom = torch.cumsum(n_atoms, 0) - n_atoms
-        pair_lists = []
-        for parts in self.neighbors:
-            counts = torch.tensor([len(p.first) for p in parts], device=device)
-            offsets = torch.repeat_interleave(first_atom, counts)
-            first = torch.cat([p.first for p in parts]) + offsets
-            second = torch.cat([p.second for p in parts]) + offsets
-            shifts = torch.cat([p.shifts for p in parts])
-            vectors = self.leaf.index_select(0, second) - self.leaf.index_select(0, first) + shifts
-            if self.strain is not None:  # a structure's strain deforms its vectors as its cell
-                owner = torch.repeat_interleave(torch.arange(self.n_structures, device=device), counts)
-                vectors = vectors + torch.bmm(vectors[:, None, :], self.strain.index_select(0, owner))[:, 0]
-            pair_lists.append(PairList(first, second, vectors))
-        return pair_lists
-
-
-@dataclass
 class Batch:
     """Several structures ready for the model, and their reference values."""
 
     systems: list[System] | None  # one per structure, unless the batch is flat
     flat: FlatBatch | None
-    # the leaves forces are taken against: concatenated, all atoms' positions (one per
-    # structure, or one for a flat batch)
+    # the leaves forces are taken against: concatenated, all atoms' positions (one for a
+    # flat batch, or one per structure)
     positions: list[torch.Tensor]
     # the leaves stress is taken against, for stress: concatenated, (n_systems, 3, 3)
     # displacements (a (3, 3) per structure, or one for a flat batch)
@@ -215,27 +162,41 @@ def _system(structure: _Prepared, derivatives: bool, stress: bool) -> System:
     return structure.systems[key]
 
 
-def plain_system(structure: Structure, dtype: torch.dtype, device: torch.device) -> System:
-    """A new system of ``structure`` with its neighbour lists, outside any autograd graph."""
-    prepared = _prepared(structure, dtype, device)
-    system = System(prepared.types, prepared.positions, prepared.cell, prepared.pbc)
-    for options, block in prepared.neighbors:
-        system.add_neighbor_list(options, block)
-    return system
-
-
-def _flat_batch(prepared: list[_Prepared], derivatives: bool, stress: bool) -> FlatBatch:
-    """The batch as flat tensors, with one positions leaf for all atoms and one strain leaf."""
-    positions = torch.cat([s.positions for s in prepared])
-    device, dtype = positions.device, positions.dtype
+def _flat_batch(
+    prepared: list[_Prepared], derivatives: bool, stress: bool
+) -> tuple[FlatBatch, torch.Tensor, torch.Tensor | None]:
+    """The batch as flat tensors, its positions leaf for all atoms and its strain leaf."""
+    leaf = torch.cat([s.positions for s in prepared])
+    device, dtype = leaf.device, leaf.dtype
     if derivatives or stress:
-        positions.requires_grad_(True)
+        leaf.requires_grad_(True)
     strain = torch.zeros((len(prepared), 3, 3), dtype=dtype, device=device, requires_grad=True) if stress else None
     n_atoms = torch.tensor([len(s.types) for s in prepared], device=device)
     structure = torch.repeat_interleave(torch.arange(len(prepared), device=device), n_atoms)
-    neighbors = [[s.pairs[k] for s in prepared] for k in range(len(prepared[0].pairs))]
+    first_atom = torch.cumsum(n_atoms, 0) - n_atoms
+    positions = leaf
+    if strain is not None:  # a structure's strain deforms its positions and cell
+        positions = leaf + torch.bmm(leaf[:, None, :], strain.index_select(0, structure))[:, 0]
+    neighbors = []
+    for k in range(len(prepared[0].pairs)):
+        parts = [s.pairs[k] for s in prepared]
+        counts = torch.tensor([len(p.first) for p in parts], device=device)
+        offsets = torch.repeat_interleave(first_atom, counts)
+        first = torch.cat([p.first for p in parts]) + offsets
+        second = torch.cat([p.second for p in parts]) + offsets
+        shifts = torch.cat([p.shifts for p in parts])
+        vectors = leaf.index_select(0, second) - leaf.index_select(0, first) + shifts
+        if strain is not None:
+            owner = torch.repeat_interleave(torch.arange(len(prepared), device=device), counts)
+            vectors = vectors + torch.bmm(vectors[:, None, :], strain.index_select(0, owner))[:, 0]
+        neighbors.append(NeighborPairs(first, second, vectors))
     types = torch.cat([s.types for s in prepared])
-    return FlatBatch(types, structure, len(prepared), positions, strain, neighbors)
+    return FlatBatch(types, structure, len(prepared), positions, neighbors, {}), leaf, strain
+
+
+def flat_batch_of(structure: Structure, dtype: torch.dtype, device: torch.device) -> FlatBatch:
+    """One structure as a flat batch, outside any autograd graph (for ``Model.precompute``)."""
+    return _flat_batch([_prepared(structure, dtype, device)], False, False)[0]
 
 
 def make_batch(
@@ -244,32 +205,25 @@ def make_batch(
     device: torch.device,
     forces: bool,
     stress: bool,
-    attach: Callable[[Structure, System], None] | None = None,
-    flat: bool = False,
-    keep: Callable[[list[Structure], FlatBatch, Callable[[Structure], System]], None] | None = None,
+    flat: bool = True,
+    keep: Callable[[list[Structure], FlatBatch], None] | None = None,
 ) -> Batch:
     """A batch of ``structures``; positions (and strains) are leaves that require grad when needed.
 
-    With ``flat`` the batch holds a :class:`FlatBatch` instead of systems, and one leaf for
-    all positions (and one for all strains). ``attach`` may add data to each structure's
-    system, ``keep`` to a flat batch (the trainer's kept inputs; it gets a function that
-    makes a structure's system, for computing them).
+    A :class:`FlatBatch` by default, with one leaf for all positions (and one for all
+    strains), to which ``keep`` may add the trainer's kept inputs; with ``flat=False``,
+    one metatomic system per structure instead, for exported models.
     """
     prepared = [_prepared(structure, dtype, device) for structure in structures]
     systems = flat_batch = None
     if flat:
-        flat_batch = _flat_batch(prepared, forces, stress)
-        leaves, strains = [flat_batch.leaf], [flat_batch.strain]
+        flat_batch, leaf, strain = _flat_batch(prepared, forces, stress)
+        leaves, strains = [leaf], [strain]
         if keep is not None:
-            keep(structures, flat_batch, lambda structure: plain_system(structure, dtype, device))
+            keep(structures, flat_batch)
     else:
         leaves, strains = (list(part) for part in zip(*(_leaves(s, forces, stress) for s in prepared)))
-        systems = []
-        for structure, prepared_structure in zip(structures, prepared):
-            system = _system(prepared_structure, forces, stress)
-            if attach is not None:
-                attach(structure, system)
-            systems.append(system)
+        systems = [_system(s, forces, stress) for s in prepared]
 
     return Batch(
         systems=systems,

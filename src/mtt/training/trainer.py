@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from ..architectures import Architecture, blame_architecture
-from ..data.batching import Batch, batch_indices, make_batch
+from ..data.batching import Batch, batch_indices, flat_batch_of, make_batch
 from ..data.dataset import DatasetInfo
 from ..data.readers import Structure
 from ..distributed import DistributedEnvironment, share
@@ -92,7 +92,7 @@ class Trainer:
 
     # -- pieces of the loop --------------------------------------------------------------
     def batch(self, structures: list[Structure]) -> Batch:
-        """Flat batches for models that take them (faster), else one system per structure."""
+        """The flat batch of ``structures``, with what the trainer keeps of them."""
         kept = self.precomputed
         return make_batch(
             structures,
@@ -100,8 +100,6 @@ class Trainer:
             self.device,
             self.needs_forces,
             self.needs_stress,
-            attach=kept.attach if kept is not None else None,
-            flat=self.architecture.model_class.uses_flat_batches(),
             keep=kept.keep if kept is not None else None,
         )
 
@@ -196,7 +194,12 @@ class Trainer:
         """
         hypers = self.hypers
         main = self.environment.is_main
-        self.precomputed = PrecomputedInputs(model, self.needs_forces or self.needs_stress, hypers.cache_memory_mb)
+        self.precomputed = PrecomputedInputs(
+            model,
+            self.needs_forces or self.needs_stress,
+            hypers.cache_memory_mb,
+            lambda structure: flat_batch_of(structure, self.dtype, self.device),
+        )
         loss = Loss(hypers.loss_hypers, self.terms, state.spreads)
         parameters = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.make_optimizer(model) if parameters else None

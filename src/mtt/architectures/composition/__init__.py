@@ -5,13 +5,11 @@ of a target the chemical composition alone explains.
 """
 
 from dataclasses import dataclass
-from typing import List
 
 import torch
-from metatomic.torch import System
 
-from ...data.batching import FlatBatch
 from ...data.dataset import DatasetInfo
+from ...data.flat_batch import FlatBatch
 from ..base import Model
 
 
@@ -23,19 +21,11 @@ class CompositionHypers:
 class CompositionModel(Model):
     """Predicts the sum over atoms of a fitted per-element value."""
 
-    takes_flat_batches = True
-
     def __init__(self, hypers: CompositionHypers, info: DatasetInfo):
         super().__init__(info)
 
-    def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
-        n_atoms = sum([len(s) for s in systems])
-        dtype = systems[0].positions.dtype
+    def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
         # zero, but still a function of the positions so forces (all zero) exist
-        zero = torch.cat([s.positions.sum(dim=1) for s in systems]) * 0.0
-        return zero[:, None].expand(n_atoms, len(self.output_names)).to(dtype)
-
-    def per_atom_outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
         zero = batch.positions.sum(dim=1) * 0.0
         return zero[:, None].expand(len(zero), len(self.output_names))
 

@@ -8,15 +8,14 @@ plain TorchScript.
 from typing import Dict, List, Tuple
 
 import torch
-from metatensor.torch import TensorMap
-from metatomic.torch import NeighborListOptions, System
+from metatomic.torch import NeighborListOptions
 
-from ...data.batching import FlatBatch
 from ...data.dataset import DatasetInfo
+from ...data.flat_batch import FlatBatch
 from ..base import Model
 from .derivatives import SoapFeatures, kept_inputs
 from .hypers import BpnnHypers, SoapBpnnHypers
-from .soap import SoapPowerSpectrum, as_tensormap
+from .soap import SoapPowerSpectrum
 
 
 def _element_network(n_in: int, n_out: int, hypers: BpnnHypers) -> torch.nn.Sequential:
@@ -40,8 +39,6 @@ def _normalized_network(network: torch.nn.Sequential, normalized: torch.Tensor) 
 class SoapBpnn(Model):
     """Per-atom contributions from SOAP features, one network per element."""
 
-    takes_flat_batches = True
-
     def __init__(self, hypers: SoapBpnnHypers, info: DatasetInfo):
         super().__init__(info)
         soap = hypers.soap
@@ -59,9 +56,20 @@ class SoapBpnn(Model):
             [_element_network(self.soap.n_features, len(self.output_names), hypers.bpnn) for _ in self.atomic_types]
         )
 
-    def per_atom_outputs(self, systems: List[System]) -> torch.Tensor:
-        features = self.soap(systems)
-        types = torch.cat([s.types for s in systems])
+    def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
+        """Exported models compute the features with the plain torch operations of
+        :mod:`.soap`, whose derivatives autograd knows to any order; training, validation
+        and ``mtt eval`` of a checkpoint (eager mode) with hand-written derivatives and
+        the kept features (:meth:`_training_outputs`). The architecture tests check that
+        both give the same values, forces, stress and weight gradients."""
+        if torch.jit.is_scripting():
+            return self._exported_outputs(batch)
+        return self._training_outputs(batch)
+
+    def _exported_outputs(self, batch: FlatBatch) -> torch.Tensor:
+        pairs = batch.neighbors[0]
+        types = batch.types
+        features = self.soap(types, pairs.first, pairs.second, pairs.vectors)
         result = torch.zeros((len(types), len(self.output_names)), dtype=features.dtype, device=features.device)
         for i, network in enumerate(self.networks):
             atoms = torch.nonzero(types == self.atomic_types[i]).reshape(-1)
@@ -83,8 +91,9 @@ class SoapBpnn(Model):
         position[order] = torch.arange(len(order), device=order.device)
         return order, counts, position
 
-    def per_atom_outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
-        """:meth:`per_atom_outputs` of a flat batch: the same numbers, faster derivatives.
+    @torch.jit.unused
+    def _training_outputs(self, batch: FlatBatch) -> torch.Tensor:
+        """The numbers of :meth:`_exported_outputs`, with faster derivatives for training.
 
         The layer norms' normalisation, the same for every element, is done once for the
         batch, with the descriptor, whose derivatives are hand-written (:mod:`.derivatives`),
@@ -98,7 +107,7 @@ class SoapBpnn(Model):
         if "mtt::soap_inputs" in data and "mtt::soap_pairs" not in data:  # no derivatives
             features = data["mtt::soap_inputs"].index_select(0, order)
         else:
-            pairs = batch.pairs[0]
+            pairs = batch.neighbors[0]
             kept = None
             if "mtt::soap_pairs" in data:
                 kept = (data["mtt::soap_inputs"], data["mtt::soap_atoms"], data["mtt::soap_pairs"])
@@ -122,25 +131,21 @@ class SoapBpnn(Model):
         return self.soap.requested_neighbor_lists()
 
     @torch.jit.unused
-    def precompute(self, system: System, derivatives: bool) -> Dict[str, TensorMap]:
+    def precompute(self, batch: FlatBatch, derivatives: bool) -> Dict[str, torch.Tensor]:
         """The features as the networks take them (normalised), and with derivatives all
         that the hand-written derivatives need (:func:`.derivatives.kept_inputs`): the
-        structures do not move, so the descriptor is computed once per structure. Only
-        flat batches read them: a subclass that takes systems keeps nothing.
-        """
-        if not self.uses_flat_batches():
-            return {}
+        structures do not move, so the descriptor is computed once per structure."""
         eps = self.networks[0][0].eps if self.layernorm else None
-        types, first, second, vectors = self.soap._pairs([system])
-        if not derivatives:
-            with torch.no_grad():
-                features = self.soap.power_spectrum(self.soap.expansion(types, first, second, vectors), len(types))
-            if eps is not None:
-                features = torch.nn.functional.layer_norm(features, features.shape[1:], eps=eps)
-            return {"mtt::soap_inputs": as_tensormap(features)}
+        pairs = batch.neighbors[0]
+        types, first, second, vectors = batch.types, pairs.first, pairs.second, pairs.vectors
         with torch.no_grad():
+            if not derivatives:
+                features = self.soap(types, first, second, vectors)
+                if eps is not None:
+                    features = torch.nn.functional.layer_norm(features, features.shape[1:], eps=eps)
+                return {"mtt::soap_inputs": features}
             kept = kept_inputs(self.soap, types, first, second, vectors, eps)
-        return {f"mtt::soap_{name}": as_tensormap(values) for name, values in kept.items()}
+        return {f"mtt::soap_{name}": values for name, values in kept.items()}
 
     @torch.jit.unused
     def interaction_range(self) -> float:

@@ -23,8 +23,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
-from metatensor.torch import Labels, TensorBlock, TensorMap
-from metatomic.torch import NeighborListOptions, System
+from metatomic.torch import NeighborListOptions
 
 # Grid spacing of the radial table, in Å; the cubic Hermite spline with exact derivatives
 # then agrees with featomic's own splines to about 1e-9 (tested against featomic).
@@ -240,27 +239,12 @@ class SoapPowerSpectrum(torch.nn.Module):
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         return [self.neighbor_list]
 
-    def forward(self, systems: List[System]) -> torch.Tensor:
-        """Features of every atom, ordered system by system as ``systems``."""
-        types, first, second, vectors = self._pairs(systems)
+    def forward(
+        self, types: torch.Tensor, first: torch.Tensor, second: torch.Tensor, vectors: torch.Tensor
+    ) -> torch.Tensor:
+        """Features (atoms, features) of atoms with ``types`` and the half list of pairs
+        ``first`` -> ``second`` (numbered as ``types``) with their ``vectors``."""
         return self.power_spectrum(self.expansion(types, first, second, vectors), len(types))
-
-    def _pairs(self, systems: List[System]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Atom types, the half list of pairs (numbered across systems) and their vectors."""
-        first_atoms: List[torch.Tensor] = []
-        second_atoms: List[torch.Tensor] = []
-        vectors: List[torch.Tensor] = []
-        types: List[torch.Tensor] = []
-        offset = 0
-        for system in systems:
-            neighbors = system.get_neighbor_list(self.neighbor_list)
-            pairs = neighbors.samples.values
-            first_atoms.append(pairs[:, 0].long() + offset)
-            second_atoms.append(pairs[:, 1].long() + offset)
-            vectors.append(neighbors.values.reshape(-1, 3))
-            types.append(system.types)
-            offset += len(system)
-        return torch.cat(types), torch.cat(first_atoms), torch.cat(second_atoms), torch.cat(vectors)
 
     def pair_densities(self, vectors: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Each pair's radial (pairs, (L+1) N) and angular (pairs, (L+1)(2L+1)) parts."""
@@ -417,11 +401,3 @@ class SoapPowerSpectrum(torch.nn.Module):
         blocks = expansion.reshape(n_atoms * size, self.n_types * self.n_radial, 2 * self.max_angular + 1)
         products = torch.bmm(blocks, blocks.transpose(1, 2)).reshape(n_atoms, -1)
         return products.index_select(1, self.feature_positions) * self.feature_weights.to(expansion.dtype)
-
-
-def as_tensormap(values: torch.Tensor) -> TensorMap:
-    """A (rows, columns) tensor as the one-block TensorMap that system data must be."""
-    samples = Labels("row", torch.arange(len(values), device=values.device).reshape(-1, 1))
-    properties = Labels("feature", torch.arange(values.shape[1], device=values.device).reshape(-1, 1))
-    block = TensorBlock(values, samples, [], properties)
-    return TensorMap(Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=values.device)), [block])
