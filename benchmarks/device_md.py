@@ -78,9 +78,10 @@ def md_rate(atoms, model: Path, device: str, steps: int, seconds: float, warmup:
 def float64_copy(checkpoint: Path, folder: Path) -> Path:
     import torch
 
-    from mtt.checkpoint import export_model, load_checkpoint, model_from_checkpoint
+    from mtt.export import export_model, model_from_state
+    from mtt.training.state import TrainingState
 
-    model, info, architecture = model_from_checkpoint(load_checkpoint(checkpoint))
+    model, info, architecture = model_from_state(TrainingState.load(checkpoint))
     return export_model(model.to(torch.float64), info, architecture.name, folder / "model64.pt")
 
 
