@@ -82,7 +82,7 @@ def float64_copy(checkpoint: Path, folder: Path) -> Path:
     from mtt.training.state import TrainingState
 
     model, info, architecture = model_from_state(TrainingState.load(checkpoint))
-    return export_model(model.to(torch.float64), info, architecture.name, folder / "model64.pt")
+    return export_model(model.to(torch.float64), info, architecture, folder / "model64.pt")
 
 
 def finite_differences(atoms, model: Path, device: str, count: int, step: float) -> dict:

@@ -15,9 +15,16 @@ from .errors import CheckpointError
 
 FORMAT = "mtt-checkpoint"
 #: bump when the layout changes, and add an upgrade from the previous version below
-VERSION = 1
+VERSION = 2
+
+
+def _add_architecture_version(content: dict) -> dict:
+    """Version 2 records the version of the architecture's own layout, 1 before it existed."""
+    return {**content, "version": 2, "architecture_version": 1}
+
+
 #: upgrades[v] turns a version-v checkpoint into a version v+1 one
-UPGRADES: dict[int, Callable[[dict], dict]] = {}
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _add_architecture_version}
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

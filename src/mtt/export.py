@@ -34,9 +34,14 @@ def model_from_state(
 
 
 def atomistic_model(
-    model: torch.nn.Module, info: DatasetInfo, name: str, authors: list[str] | None = None
+    model: torch.nn.Module,
+    info: DatasetInfo,
+    architecture: architectures.Architecture,
+    authors: list[str] | None = None,
 ) -> AtomisticModel:
-    """Wrap ``model`` in metatomic's ``AtomisticModel``, declaring what it computes."""
+    """Wrap ``model`` in metatomic's ``AtomisticModel``, declaring what it computes, how far
+    its atoms interact and the devices its architecture runs on."""
+    name = architecture.name
     dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
     model = model.to("cpu").eval()
     outputs = {}
@@ -52,7 +57,7 @@ def atomistic_model(
         atomic_types=list(info.atomic_types),
         interaction_range=float(model.interaction_range()),
         length_unit="angstrom",
-        supported_devices=["cpu", "cuda"],
+        supported_devices=list(architecture.supported_devices),
         dtype="float64" if dtype == torch.float64 else "float32",
     )
     metadata = ModelMetadata(
@@ -64,10 +69,14 @@ def atomistic_model(
 
 
 def export_model(
-    model: torch.nn.Module, info: DatasetInfo, name: str, path: Path, authors: list[str] | None = None
+    model: torch.nn.Module,
+    info: DatasetInfo,
+    architecture: architectures.Architecture,
+    path: Path,
+    authors: list[str] | None = None,
 ) -> Path:
     """Save ``model`` as a metatomic model file; compiled extensions go next to it."""
-    exported = atomistic_model(model, info, name, authors)
+    exported = atomistic_model(model, info, architecture, authors)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")

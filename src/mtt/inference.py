@@ -71,7 +71,7 @@ def load_trained_model(path: str | Path) -> EvaluatedModel:
         )
     if not is_exported_model(path):
         model, info, architecture = model_from_state(TrainingState.load(path))
-        return EvaluatedModel(atomistic_model(model, info, architecture.name), path)
+        return EvaluatedModel(atomistic_model(model, info, architecture), path)
 
     from metatomic.torch import load_atomistic_model
 

@@ -228,7 +228,7 @@ class ArchitectureTests:
     def test_export_runs_in_a_fresh_process(self, model, info, tmp_path: Path):
         from .export import export_model
 
-        path = export_model(model, info, self.name, tmp_path / "model.pt")
+        path = export_model(model, info, load(self.name), tmp_path / "model.pt")
         structure = emt_structures(1)[0]
         expected = self._predict(model, info, [structure])
         script = textwrap.dedent(

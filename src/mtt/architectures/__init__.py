@@ -2,22 +2,35 @@
 
 An architecture is a module exposing ``__model__`` (a subclass of
 :class:`mtt.architectures.base.Model`), ``__hypers__`` (a dataclass of its model
-hyperparameters) and ``__maintainers__``. Other packages register theirs under the
-``mtt.architectures`` entry-point group, as ``name = "package.module"``.
+hyperparameters) and ``__maintainers__``, and optionally
+
+- ``__training_defaults__``: training options that differ from the Trainer's defaults for
+  this architecture (``{"learning_rate": 0.01, "ema_decay": 0.99}``), which the user's
+  options still override;
+- ``__supported_devices__`` and ``__supported_dtypes__``: what it runs on (by default
+  ``("cpu", "cuda")`` and ``("float32", "float64")``), checked before training;
+- ``__checkpoint_version__`` (an int, 1 by default) and ``upgrade_checkpoint(state,
+  version)``, which turns the model state and hyperparameters of an older checkpoint
+  (``{"model_hypers": ..., "model_state": ..., "best_model_state": ...}``) into those of
+  ``version + 1``, so that checkpoints survive changes to the architecture.
+
+Other packages register theirs under the ``mtt.architectures`` entry-point group, as
+``name = "package.module"``.
 """
 
 from __future__ import annotations
 
 import importlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import ArchitectureError, MttError, OptionsError, did_you_mean
 
 BUILTIN = {
     "soap_bpnn": "mtt.architectures.soap_bpnn",
+    "equivariant_mp": "mtt.architectures.equivariant_mp",
     "composition": "mtt.architectures.composition",
 }
 ENTRY_POINT_GROUP = "mtt.architectures"
@@ -29,6 +42,25 @@ class Architecture:
     model_class: type
     hypers_class: type
     maintainers: list[str]
+    training_defaults: dict = field(default_factory=dict)
+    supported_devices: tuple[str, ...] = ("cpu", "cuda")
+    supported_dtypes: tuple[str, ...] = ("float32", "float64")
+    checkpoint_version: int = 1
+    upgrade_checkpoint: Callable[[dict, int], dict] | None = None
+
+    def check_capabilities(self, device: str, dtype: str) -> None:
+        """Refuse a device type ('cpu', 'cuda') or dtype the architecture does not run on."""
+        for what, value, supported in (
+            ("device", device, self.supported_devices),
+            ("dtype", dtype, self.supported_dtypes),
+        ):
+            if value not in supported:
+                raise OptionsError(
+                    f"the '{self.name}' architecture does not run on {what} {value}; it supports "
+                    f"{', '.join(supported)}.",
+                    hint="Choose another device (device: ...) or precision (base_precision: 32 or 64), or "
+                    "another architecture.",
+                )
 
 
 def available() -> dict[str, str]:
@@ -59,6 +91,11 @@ def load(name: str) -> Architecture:
             model_class=module.__model__,
             hypers_class=module.__hypers__,
             maintainers=list(getattr(module, "__maintainers__", [])),
+            training_defaults=dict(getattr(module, "__training_defaults__", {})),
+            supported_devices=tuple(getattr(module, "__supported_devices__", ("cpu", "cuda"))),
+            supported_dtypes=tuple(getattr(module, "__supported_dtypes__", ("float32", "float64"))),
+            checkpoint_version=int(getattr(module, "__checkpoint_version__", 1)),
+            upgrade_checkpoint=getattr(module, "upgrade_checkpoint", None),
         )
     except Exception as error:
         if name in BUILTIN:

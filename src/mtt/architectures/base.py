@@ -10,7 +10,7 @@ same module runs in training and, wrapped by metatomic's ``AtomisticModel``, in 
 LAMMPS and i-PI.
 """
 
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
@@ -72,6 +72,13 @@ class Model(torch.nn.Module):
         """How far, in Å, an atom's energy depends on other atoms (declared to simulation
         engines: a message-passing model's is its layers times its cutoff)."""
         return 0.0
+
+    @torch.jit.unused
+    def adapt_to_data(self, batches: Iterable[FlatBatch]) -> None:
+        """Fit what the model takes from the training data before training starts: the
+        statistics that normalise its layers (an average number of neighbours, say), kept
+        in persistent buffers so that checkpoints and exported models have them. Called
+        once for a new run, with the training set's batches; the default takes nothing."""
 
     @torch.jit.unused
     def precompute(self, batch: FlatBatch, derivatives: bool) -> Dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ def export(checkpoint_path: str, output: str) -> None:
     state = TrainingState.load(checkpoint_path)
     model, info, architecture = model_from_state(state)
     with architectures.blame_architecture(architecture):  # TorchScript compiles its code
-        path = export_model(model, info, architecture.name, Path(output))
+        path = export_model(model, info, architecture, Path(output))
     LOGGER.info(
         "exported the %s model of %s (epoch %d, best by validation) to %s, extensions in %s",
         architecture.name,

@@ -12,7 +12,7 @@ import torch
 
 from .. import architectures, distributed
 from ..config import ComposedOptions, load_options
-from ..data.batching import compute_neighbor_lists
+from ..data.batching import check_cutoff, compute_neighbor_lists
 from ..data.dataset import DatasetInfo, Splits, load_splits
 from ..errors import CheckpointError
 from ..export import export_model
@@ -57,6 +57,8 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
     main = environment.is_main
     setup_logging(None, verbose=main)
     dtype = torch.float64 if run.base_precision == 64 else torch.float32
+    architecture = architectures.load(run.architecture.name)
+    architecture.check_capabilities(environment.device.type, str(dtype).removeprefix("torch."))
 
     restarted, restart_path = _restart_from(restart)
     if restarted is not None and restarted.identity.architecture != run.architecture.name:
@@ -79,11 +81,11 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
                 hint="Restart with the same datasets as the interrupted run.",
             )
 
-    architecture = architectures.load(run.architecture.name)
     with architectures.blame_architecture(architecture):
         model = architecture.model_class(options.model_hypers, info).to(device=environment.device, dtype=dtype)
         requests = model.requested_neighbor_lists()
     compute_neighbor_lists(splits.train + splits.validation + splits.test, requests)
+    check_cutoff(splits.train, requests)
 
     folder = environment.broadcast_object(str(new_run_folder()) if main else None)
     folder = Path(folder)
@@ -107,9 +109,12 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
 
     trainer = Trainer(options.trainer_hypers, architecture, info, environment, dtype, run.seed)
     hypers = options.trainer_hypers
-    identity = RunIdentity(architecture.name, to_plain(options.model_hypers), info.to_dict(), options.raw)
+    identity = RunIdentity(
+        architecture.name, to_plain(options.model_hypers), info.to_dict(), options.raw, architecture.checkpoint_version
+    )
     if restarted is None:
         state = TrainingState(identity)
+        trainer.adapt(model, splits.train)
         state.spreads = fit_baseline(
             model, splits.train, info, trainer.terms, hypers.fixed_composition_weights, hypers.scale_targets
         )
@@ -135,7 +140,7 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
         )
     if main:
         with architectures.blame_architecture(architecture):  # TorchScript compiles its code
-            exported = export_model(model, info, architecture.name, folder / "model.pt")
+            exported = export_model(model, info, architecture, folder / "model.pt")
         target = Path(output)
         if target.resolve() != exported.resolve():
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -50,10 +50,24 @@ def _store_configs(user: dict, chosen: architectures.Architecture) -> None:
     store.store(name="base", node=base)
     trainer = defaults_of(TrainerHypers)
     for name in architectures.available():
-        # only the chosen architecture is imported; its model defaults come from its hypers
-        model = defaults_of(chosen.hypers_class) if name == chosen.name else {}
-        store.store(group="architecture", name=name, node={"name": name, "model": model, "training": trainer})
+        # only the chosen architecture is imported: its model defaults come from its
+        # hypers, its training defaults from the Trainer's and its own
+        model, training = {}, trainer
+        if name == chosen.name:
+            model, training = defaults_of(chosen.hypers_class), _merged(trainer, chosen.training_defaults)
+        store.store(group="architecture", name=name, node={"name": name, "model": model, "training": training})
     store.store(name="user_options", node=user)
+
+
+def _merged(defaults: dict, changes: dict) -> dict:
+    """``defaults`` with ``changes`` applied, mappings merged key by key."""
+    result = dict(defaults)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = _merged(result[key], value)
+        else:
+            result[key] = value
+    return result
 
 
 def load_options(path: str | Path, overrides: list[str] | None = None) -> ComposedOptions:

@@ -26,6 +26,7 @@ from metatensor.torch import TensorBlock
 from metatomic.torch import NeighborListOptions, System, register_autograd_neighbors
 from vesin.metatomic import NeighborList
 
+from ..errors import DataError
 from .flat_batch import FlatBatch, NeighborPairs
 from .readers import Structure
 
@@ -38,6 +39,31 @@ def compute_neighbor_lists(structures: list[Structure], requests: list[NeighborL
         structure.neighbors = [
             (options, calculator.compute(system)) for options, calculator in zip(requests, calculators)
         ]
+
+
+def check_cutoff(structures: list[Structure], requests: list[NeighborListOptions]) -> None:
+    """Refuse a model whose cutoff is below every distance between atoms of the training set:
+    no atom would see a neighbour, and the model would learn the composition alone."""
+    if not requests or all(len(s) < 2 for s in structures):
+        return
+    if any(len(block.values) > 0 for s in structures for _, block in s.neighbors):
+        return
+    cutoff = max(options.cutoff for options in requests)
+    wide = NeighborListOptions(cutoff=max(10.0, 3 * cutoff), full_list=False, strict=True)
+    calculator = NeighborList(wide, "angstrom")
+    distances = []
+    for structure in structures[:100]:
+        system = System(structure.types, structure.positions, structure.cell, structure.pbc)
+        vectors = calculator.compute(system).values.reshape(-1, 3)
+        if len(vectors):
+            distances.append(float(torch.linalg.vector_norm(vectors, dim=1).min()))
+    closest = f"{min(distances):.3g} Å" if distances else f"more than {wide.cutoff:g} Å"
+    raise DataError(
+        f"the model's cutoff ({cutoff:g} Å) is shorter than the smallest distance between two atoms of "
+        f"the training set ({closest}): no atom would see a neighbour.",
+        hint="Raise the architecture's cutoff (see its hyperparameters under architecture.model), or check "
+        "the length unit of the dataset (systems.length_unit).",
+    )
 
 
 @dataclass

@@ -16,7 +16,7 @@ def fit_baseline(
     info: DatasetInfo,
     terms: list[Term],
     fixed: dict[str, dict[int, float]],
-    scale_targets: bool,
+    scale_targets: bool | str,
 ) -> dict[str, float]:
     """Least-squares per-element values of each target, stored in the model.
 
@@ -25,7 +25,8 @@ def fit_baseline(
     forces and stress. Energies of a target with forces are divided by the force RMS
     (times 1 Å) instead, so per-atom energy and force errors weigh in the same eV units:
     dividing energies by their much smaller spread lets them drown the forces. With
-    ``scale_targets`` the network output is scaled by the per-atom spread.
+    ``scale_targets`` the network output is scaled by the per-atom spread, or with
+    ``"forces"`` by the RMS of the forces (times 1 Å) for energies learned with forces.
     """
     types = info.atomic_types
     counts = torch.zeros((len(structures), len(types)), dtype=torch.float64)
@@ -57,7 +58,12 @@ def fit_baseline(
         spread = float(residual.std()) if len(residual) > 1 else 0.0
         spread = spread if spread > 1e-12 else 1.0
         model.composition.weights[:, index] = weights
-        model.composition.scales[index] = spread if scale_targets else 1.0
+        scale = spread if scale_targets else 1.0
+        if scale_targets == "forces" and target.forces:
+            reference = torch.cat([s.forces[target.name].reshape(-1) for s in structures])
+            rms = float(reference.pow(2).mean().sqrt())
+            scale = rms if rms > 1e-12 else spread
+        model.composition.scales[index] = scale
         spreads[target.name] = spread
 
     result = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
@@ -20,6 +21,23 @@ class LossHypers:
 
 
 @dataclass
+class FinalStageHypers:
+    """A last stage of training with its own learning rate and loss weights."""
+
+    start_fraction: float = option(
+        0.75, "Fraction of num_epochs after which the stage starts: from epoch round(fraction x num_epochs) + 1."
+    )
+    learning_rate: float = option(0.001, "Learning rate of the stage, constant.")
+    loss_weights: dict[str, float] = option(
+        {}, "Weights of the loss terms in the stage, by name as loss.weights; the others keep theirs."
+    )
+
+    def __post_init__(self):
+        if not 0 <= self.start_fraction < 1 or self.learning_rate <= 0:
+            raise ValueError("final_stage needs 0 <= start_fraction < 1 and learning_rate > 0")
+
+
+@dataclass
 class TrainerHypers:
     """How the model is trained; read from ``architecture.training``."""
 
@@ -27,6 +45,7 @@ class TrainerHypers:
     num_epochs: int = option(100, "Passes over the training set.")
     learning_rate: float = option(0.01, "Peak learning rate, reached after the warm-up.")
     optimizer: Literal["adam", "adamw"] = option("adam", "Optimiser.")
+    amsgrad: bool = option(False, "The AMSGrad variant of the optimiser (the running maximum of the second moments).")
     weight_decay: float = option(0.0, "Weight decay (decoupled with adamw).")
     warmup_fraction: float = option(0.01, "Fraction of all steps spent ramping the learning rate up linearly.")
     lr_schedule: Literal["cosine", "constant"] = option(
@@ -40,7 +59,12 @@ class TrainerHypers:
         "rmse_prod",
         "Validation figure that picks the best model: the loss, or the product of the RMSEs (MAEs) of every target.",
     )
-    scale_targets: bool = option(True, "Divide targets by their spread so every term starts near 1.")
+    scale_targets: Union[bool, Literal["forces"]] = option(
+        True,
+        "Scale the network's output of each target by the target's spread (per atom after the baseline), so "
+        "that it starts near 1; 'forces': for energies learned with forces, by the RMS of the forces times 1 Å "
+        "instead (MACE's choice); false: no scale.",
+    )
     fixed_composition_weights: dict[str, dict[int, float]] = option(
         {}, "Per-element baseline values to use instead of fitting them: {target: {Z: value}}."
     )
@@ -48,6 +72,17 @@ class TrainerHypers:
     log_interval: int = option(1, "Print a progress line every this many epochs (files only).")
     log_mae: bool = option(False, "Print MAEs beside RMSEs in the progress lines.")
     max_grad_norm: Optional[float] = option(None, "Clip the gradient norm to this value.")
+    ema_decay: Optional[float] = option(
+        None,
+        "Decay of an exponential moving average of the weights, updated at every step (0.99 "
+        "is common; null: none). Validation, the best model and the exported model then use "
+        "the averaged weights.",
+    )
+    final_stage: Optional[FinalStageHypers] = option(
+        None,
+        "A last stage with its own constant learning rate and loss weights (null: none), e.g. "
+        "a larger energy weight at the end of force training, as MACE does.",
+    )
     cache_memory_mb: float = option(
         1024.0,
         "Memory, in MB per process, for what the architecture computes once per structure and "
@@ -65,7 +100,23 @@ class TrainerHypers:
             raise ValueError("checkpoint_interval and log_interval must be >= 1")
         if self.cache_memory_mb < 0:
             raise ValueError("cache_memory_mb must be >= 0")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ValueError("ema_decay must be in (0, 1), or null")
 
     @property
     def loss_hypers(self) -> LossHypers:
         return LossHypers(type=self.loss) if isinstance(self.loss, str) else self.loss
+
+    def final_stage_start(self) -> int | None:
+        """The last epoch before the final stage, or None without one."""
+        if self.final_stage is None:
+            return None
+        return round(self.final_stage.start_fraction * self.num_epochs)
+
+    def loss_hypers_of(self, epoch: int) -> LossHypers:
+        """The loss of an epoch: the final stage's weights once it has started."""
+        start = self.final_stage_start()
+        hypers = self.loss_hypers
+        if start is None or epoch <= start:
+            return hypers
+        return dataclasses.replace(hypers, weights={**hypers.weights, **self.final_stage.loss_weights})

@@ -50,15 +50,20 @@ def errors(term: Term, predictions: Predictions, batch: Batch) -> torch.Tensor:
 class Loss:
     """Weighted sum of per-term losses on errors divided by each term's spread."""
 
-    def __init__(self, hypers: LossHypers, terms: list[Term], spreads: dict[str, float]):
+    def __init__(
+        self,
+        hypers: LossHypers,
+        terms: list[Term],
+        spreads: dict[str, float],
+        where: str = "architecture.training.loss.weights",
+    ):
         unknown = set(hypers.weights) - {t.label for t in terms}
         if unknown:
             from ..errors import OptionsError, did_you_mean
 
             name = sorted(unknown)[0]
             raise OptionsError(
-                f"'architecture.training.loss.weights.{name}' names no learned quantity."
-                f"{did_you_mean(name, [t.label for t in terms])}",
+                f"'{where}.{name}' names no learned quantity.{did_you_mean(name, [t.label for t in terms])}",
                 hint=f"Learned quantities: {', '.join(t.label for t in terms)}.",
             )
         self.terms = terms

@@ -18,7 +18,8 @@ import torch
 
 
 class FusedAdam:
-    """Adam (L2 weight decay) or, with ``decoupled_weight_decay``, AdamW."""
+    """Adam (L2 weight decay) or, with ``decoupled_weight_decay``, AdamW; with ``amsgrad``,
+    the AMSGrad variant (the running maximum of the second moments)."""
 
     def __init__(
         self,
@@ -28,6 +29,7 @@ class FusedAdam:
         decoupled_weight_decay: bool = False,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        amsgrad: bool = False,
     ):
         self.parameters = list(parameters)
         if not self.parameters:
@@ -40,7 +42,7 @@ class FusedAdam:
                 "betas": betas,
                 "eps": eps,
                 "weight_decay": weight_decay,
-                "amsgrad": False,
+                "amsgrad": amsgrad,
                 "maximize": False,
                 "foreach": None,
                 "capturable": False,
@@ -53,6 +55,10 @@ class FusedAdam:
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.parameters]
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.parameters]
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.parameters]
+        self.amsgrad = amsgrad
+        self.max_exp_avg_sqs = (
+            [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.parameters] if amsgrad else []
+        )
         self._update = torch._fused_adamw_ if decoupled_weight_decay else torch._fused_adam_
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -74,9 +80,9 @@ class FusedAdam:
             [self.parameters[i].grad for i in having],
             [self.exp_avgs[i] for i in having],
             [self.exp_avg_sqs[i] for i in having],
-            [],
+            [self.max_exp_avg_sqs[i] for i in having] if self.amsgrad else [],
             steps,
-            amsgrad=False,
+            amsgrad=self.amsgrad,
             lr=group["lr"],
             beta1=beta1,
             beta2=beta2,
@@ -94,6 +100,9 @@ class FusedAdam:
             for i in range(len(self.parameters))
             if float(self.steps[i]) > 0
         }
+        if self.amsgrad:
+            for i, entry in state.items():
+                entry["max_exp_avg_sq"] = self.max_exp_avg_sqs[i]
         group = dict(self.param_groups[0], params=list(range(len(self.parameters))))
         return {"state": state, "param_groups": [group]}
 
@@ -110,6 +119,8 @@ class FusedAdam:
             self.steps[i] = torch.as_tensor(saved["step"], dtype=torch.float32).clone()
             self.exp_avgs[i] = saved["exp_avg"].to(self.parameters[i]).clone()
             self.exp_avg_sqs[i] = saved["exp_avg_sq"].to(self.parameters[i]).clone()
+            if self.amsgrad and "max_exp_avg_sq" in saved:
+                self.max_exp_avg_sqs[i] = saved["max_exp_avg_sq"].to(self.parameters[i]).clone()
 
 
 class LearningRateSchedule:

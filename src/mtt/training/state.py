@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
+from .. import architectures
 from ..checkpoint import load_checkpoint, save_checkpoint
+from ..errors import CheckpointError
 
 
 @dataclass
@@ -24,6 +26,8 @@ class RunIdentity:
     model_hypers: dict
     dataset_info: dict
     options: dict
+    #: the version of the architecture's own checkpoint layout (``__checkpoint_version__``)
+    architecture_version: int = 1
 
 
 @dataclass
@@ -39,6 +43,7 @@ class TrainingState:
     best_model_state: dict | None = None
     optimizer_state: dict | None = None
     scheduler_state: dict | None = None
+    ema_state: dict | None = None  # the moving average of the weights, with ema_decay
     spreads: dict[str, float] = field(default_factory=dict)
 
     def save(self, path: Path, model: torch.nn.Module) -> None:
@@ -50,8 +55,39 @@ class TrainingState:
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainingState":
-        """Read a checkpoint (upgraded to the current version); see :func:`mtt.checkpoint.load_checkpoint`."""
-        content = load_checkpoint(path)
+        """Read a checkpoint, upgraded to the current version of mtt's layout
+        (:func:`mtt.checkpoint.load_checkpoint`) and of its architecture's."""
+        content = _upgraded_for_architecture(load_checkpoint(path), path)
         identity = RunIdentity(**{f.name: content[f.name] for f in fields(RunIdentity)})
         progress = {f.name: content[f.name] for f in fields(cls) if f.name != "identity" and f.name in content}
         return cls(identity=identity, **progress)
+
+
+def _upgraded_for_architecture(content: dict, path: str | Path) -> dict:
+    """The model hyperparameters and states of ``content`` in the layout of the installed
+    version of its architecture (``upgrade_checkpoint`` of the architecture's module)."""
+    architecture = architectures.load(content["architecture"])
+    version = content["architecture_version"]
+    if version > architecture.checkpoint_version:
+        raise CheckpointError(
+            f"'{path}' holds a '{architecture.name}' model of layout version {version}, newer than the "
+            f"installed architecture reads (up to {architecture.checkpoint_version}).",
+            hint=f"Upgrade the package that provides '{architecture.name}'.",
+        )
+    while version < architecture.checkpoint_version:
+        if architecture.upgrade_checkpoint is None:
+            raise CheckpointError(
+                f"'{path}' holds a '{architecture.name}' model of layout version {version}, and the "
+                f"installed architecture (version {architecture.checkpoint_version}) cannot upgrade it.",
+                hint=f"Use the version of '{architecture.name}' that wrote it.",
+            )
+        parts = {key: content[key] for key in UPGRADED_PARTS}
+        with architectures.blame_architecture(architecture):
+            parts = architecture.upgrade_checkpoint(parts, version)
+        version += 1
+        content = {**content, **parts, "architecture_version": version}
+    return content
+
+
+#: what an architecture's ``upgrade_checkpoint`` receives and returns
+UPGRADED_PARTS = ("model_hypers", "model_state", "best_model_state")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -17,6 +18,7 @@ from ..data.readers import Structure
 from ..distributed import DistributedEnvironment, share
 from ..errors import TrainingDiverged
 from ..outputs import LOGGER, MetricsCsv, Progress, format_metrics
+from .averaging import WeightAverage
 from .cache import PrecomputedInputs
 from .hypers import TrainerHypers
 from .loss import Loss, Metrics, term_shares, terms_of
@@ -74,18 +76,26 @@ class Trainer:
             lr=self.hypers.learning_rate,
             weight_decay=self.hypers.weight_decay,
             decoupled_weight_decay=self.hypers.optimizer == "adamw",
+            amsgrad=self.hypers.amsgrad,
         )
 
-    def make_schedule(self, total_steps: int) -> Callable[[int], float]:
+    def make_schedule(self, total_steps: int, steps_per_epoch: int) -> Callable[[int], float]:
+        """The learning rate of each step, as a factor of the peak: warm-up, then cosine
+        decay or constant, then the final stage's constant rate if there is one."""
         warmup = int(self.hypers.warmup_fraction * total_steps)
         final = self.hypers.final_lr_fraction
+        stage_start = self.hypers.final_stage_start()
+        stage_step = total_steps if stage_start is None else stage_start * steps_per_epoch
+        stage_factor = 1.0 if stage_start is None else self.hypers.final_stage.learning_rate / self.hypers.learning_rate
 
         def factor(step: int) -> float:
+            if step >= stage_step:
+                return stage_factor
             if step < warmup:
                 return (step + 1) / (warmup + 1)
             if self.hypers.lr_schedule == "constant":
                 return 1.0
-            progress = (step - warmup) / max(1, total_steps - warmup)
+            progress = (step - warmup) / max(1, stage_step - warmup)
             return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
         return factor
@@ -102,6 +112,16 @@ class Trainer:
             self.needs_stress,
             keep=kept.keep if kept is not None else None,
         )
+
+    def adapt(self, model: torch.nn.Module, structures: list[Structure]) -> None:
+        """Let the architecture take its statistics of the training set (``Model.adapt_to_data``)."""
+        size = self.hypers.batch_size
+        batches = (
+            make_batch(structures[start : start + size], self.dtype, self.device, False, False).flat
+            for start in range(0, len(structures), size)
+        )
+        with torch.no_grad(), blame_architecture(self.architecture):
+            model.adapt_to_data(batches)
 
     def global_batches(self, n_structures: int, epoch: int) -> list[list[int]]:
         """The shuffled batches of an epoch, the same on every rank and for any rank count."""
@@ -200,16 +220,29 @@ class Trainer:
             hypers.cache_memory_mb,
             lambda structure: flat_batch_of(structure, self.dtype, self.device),
         )
-        loss = Loss(hypers.loss_hypers, self.terms, state.spreads)
+        # the final stage's loss made now too, so that a misnamed weight is reported before training
+        first_loss = Loss(hypers.loss_hypers, self.terms, state.spreads)
+        final_loss = Loss(
+            hypers.loss_hypers_of(hypers.num_epochs),
+            self.terms,
+            state.spreads,
+            "architecture.training.final_stage.loss_weights",
+        )
+        stage_start = hypers.final_stage_start()
         parameters = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.make_optimizer(model) if parameters else None
         steps_per_epoch = len(self.global_batches(len(train), 1))
-        scheduler = None
+        scheduler = average = None
         if optimizer is not None:
-            scheduler = LearningRateSchedule(optimizer, self.make_schedule(hypers.num_epochs * steps_per_epoch))
+            schedule = self.make_schedule(hypers.num_epochs * steps_per_epoch, steps_per_epoch)
+            scheduler = LearningRateSchedule(optimizer, schedule)
             if state.optimizer_state is not None:
                 optimizer.load_state_dict(state.optimizer_state)
                 scheduler.load_state_dict(state.scheduler_state)
+            if hypers.ema_decay is not None:
+                average = WeightAverage(parameters, hypers.ema_decay)
+                if state.ema_state is not None:
+                    average.load_state_dict(state.ema_state)
         elif main:
             LOGGER.info("%s has no trainable parameters: only its baseline is fitted", self.architecture.name)
 
@@ -221,12 +254,15 @@ class Trainer:
             if optimizer is not None:
                 state.optimizer_state = optimizer.state_dict()
                 state.scheduler_state = scheduler.state_dict()
+            if average is not None:
+                state.ema_state = average.state_dict()
 
         try:
             with StopSignals() as signals:
                 for epoch in range(state.epoch + 1, hypers.num_epochs + 1):
                     started = time.monotonic()
                     model.train()
+                    loss = final_loss if stage_start is not None and epoch > stage_start else first_loss
                     train_metrics = Metrics(self.terms)
                     if state.partial_train_metrics is not None and main:  # already summed over ranks
                         train_metrics.load_tensor(state.partial_train_metrics)
@@ -235,6 +271,8 @@ class Trainer:
                         self._step(
                             model, loss, optimizer, scheduler, parameters, train, batches[number], epoch, train_metrics
                         )
+                        if average is not None:
+                            average.update()
                         if self.environment.any_rank(signals.received is not None) and number + 1 < len(batches):
                             state.batches_done = number + 1
                             state.partial_train_metrics = self.environment.all_reduce_sum(train_metrics.as_tensor())
@@ -249,12 +287,13 @@ class Trainer:
                     state.batches_done, state.partial_train_metrics = 0, None
                     train_metrics.load_tensor(self.environment.all_reduce_sum(train_metrics.as_tensor()))
 
-                    validation_metrics = self.evaluate(model, validation, loss)
-                    figure = validation_metrics.selection_figure(hypers.best_model_metric)
-                    state.epoch = epoch
-                    if figure < state.best_figure or state.best_model_state is None:
-                        state.best_figure = figure
-                        state.best_model_state = _snapshot(model)
+                    with average.swapped_in() if average is not None else contextlib.nullcontext():
+                        validation_metrics = self.evaluate(model, validation, loss)
+                        figure = validation_metrics.selection_figure(hypers.best_model_metric)
+                        state.epoch = epoch
+                        if figure < state.best_figure or state.best_model_state is None:
+                            state.best_figure = figure
+                            state.best_model_state = _snapshot(model)
                     remember_optimizer()
                     if main:
                         learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
@@ -279,5 +318,6 @@ class Trainer:
             if progress is not None:
                 progress.close()
         if state.best_model_state is None:  # no epoch run (num_epochs reached already)
-            state.best_model_state = _snapshot(model)
+            with average.swapped_in() if average is not None else contextlib.nullcontext():
+                state.best_model_state = _snapshot(model)
         return state

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from metatomic.torch import NeighborListOptions
 
+from ..spherical import SphericalHarmonics, reference_harmonics
+
 # Grid spacing of the radial table, in Å; the cubic Hermite spline with exact derivatives
 # then agrees with featomic's own splines to about 1e-9 (tested against featomic).
 RADIAL_GRID_SPACING = 0.005
@@ -41,77 +43,6 @@ def featomic_hypers(radius: float, width: float, max_angular: int, max_radial: i
             "radial": {"type": "Gto", "max_radial": max_radial},
         },
     }
-
-
-# -- real spherical harmonics as polynomials ----------------------------------------------
-def _reference_harmonics(unit: np.ndarray, max_angular: int) -> np.ndarray:
-    """Real spherical harmonics, orthonormal on the sphere, featomic's sign convention.
-
-    Returns (points, max_angular + 1, 2 max_angular + 1); entry [:, l, l + m] is Y_l^m.
-    """
-    x, y, z = unit[:, 0], unit[:, 1], unit[:, 2]
-    phi = np.arctan2(y, x)
-    sin_theta = np.sqrt(np.clip(1 - z * z, 0, None))
-    size = max_angular + 1
-    legendre = np.zeros((size, size, len(z)))  # P_l^m without the Condon-Shortley phase
-    legendre[0, 0] = 1.0
-    for m in range(1, size):
-        legendre[m, m] = (2 * m - 1) * sin_theta * legendre[m - 1, m - 1]
-    for m in range(size - 1):
-        legendre[m + 1, m] = (2 * m + 1) * z * legendre[m, m]
-    for m in range(size):
-        for l in range(m + 2, size):
-            legendre[l, m] = ((2 * l - 1) * z * legendre[l - 1, m] - (l + m - 1) * legendre[l - 2, m]) / (l - m)
-    result = np.zeros((len(z), size, 2 * max_angular + 1))
-    for l in range(size):
-        for m in range(l + 1):
-            norm = math.sqrt((2 * l + 1) / (4 * math.pi) * math.factorial(l - m) / math.factorial(l + m))
-            if m == 0:
-                result[:, l, l] = norm * legendre[l, 0]
-            else:
-                result[:, l, l + m] = math.sqrt(2) * norm * legendre[l, m] * np.cos(m * phi)
-                result[:, l, l - m] = math.sqrt(2) * norm * legendre[l, m] * np.sin(m * phi)
-    return result
-
-
-def _sphere_points(max_angular: int) -> np.ndarray:
-    """Enough random directions to fit the harmonics' polynomials exactly."""
-    points = np.random.default_rng(0).normal(size=(40 * (max_angular + 1) ** 2 + 200, 3))
-    return points / np.linalg.norm(points, axis=1, keepdims=True)
-
-
-def harmonics_as_products(max_angular: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The harmonics as products of a polynomial in x and y and one in z, on the sphere.
-
-    Y_l^m = Q_l^|m|(z) A_m(x, y), where A_m is the real (m >= 0) or imaginary (m < 0) part
-    of (x + i y)^|m| and Q a polynomial of degree l - |m|. Returns the coefficients of A on
-    the monomials x^a y^b ((L+1)^2, 2L + 1 columns L + m) and of Q on the powers of z
-    (L + 1, (L+1)(2L+1) columns l (2L + 1) + L + m, the m of each l centred in its 2L + 1
-    columns, zero where |m| > l): two small products instead of one over all
-    (L+1)(L+2)(L+3)/6 monomials of degree up to L, of which each harmonic uses few.
-    """
-    size, width = max_angular + 1, 2 * max_angular + 1
-    xy = np.zeros((size, size, width))  # [a, b, L + m]: coefficient of x^a y^b in A_m
-    for m in range(size):
-        for k in range(m + 1):  # (x + i y)^m = sum_k C(m, k) x^(m-k) (i y)^k
-            part = math.comb(m, k) * (-1) ** (k // 2)
-            xy[m - k, k, max_angular + (m if k % 2 == 0 else -m)] += part
-    points = _sphere_points(max_angular)
-    x_powers, y_powers, z_powers = (points[:, axis, None] ** np.arange(size) for axis in range(3))
-    along_xy = np.einsum("pa,pb,abc->pc", x_powers, y_powers, xy)
-    reference = _reference_harmonics(points, max_angular)
-    z = np.zeros((size, size * width))
-    for l in range(size):
-        for m in range(-l, l + 1):
-            column = max_angular + m
-            design = z_powers[:, : l - abs(m) + 1] * along_xy[:, column, None]
-            target = reference[:, l, l + m]
-            fitted, *_ = np.linalg.lstsq(design, target, rcond=None)
-            if np.abs(design @ fitted - target).max() > 1e-10:
-                raise ArithmeticError(f"Y_{l}^{m} is not a polynomial in z times A_{m}(x, y)")
-            fitted[np.abs(fitted) < 1e-13] = 0.0
-            z[: len(fitted), l * width + column] = fitted
-    return torch.tensor(xy.reshape(size * size, width)), torch.tensor(z)
 
 
 # -- radial integrals tabulated from featomic ----------------------------------------------
@@ -157,7 +88,7 @@ def tabulate_radial(hypers: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
     values = torch.zeros((size, max_angular + 1, n_radial), dtype=torch.float64)
     derivatives = torch.zeros_like(values)
     self_term = torch.zeros(n_radial, dtype=torch.float64)
-    on_z_axis = _reference_harmonics(np.array([[0.0, 0.0, 1.0]]), max_angular)[0]
+    on_z_axis = reference_harmonics(np.array([[0.0, 0.0, 1.0]]), max_angular)[0]
     for l in range(max_angular + 1):
         block = expansion.block({"o3_lambda": l})
         y_l0 = float(on_z_axis[l, l])
@@ -196,7 +127,6 @@ class SoapPowerSpectrum(torch.nn.Module):
         super().__init__()
         hypers = featomic_hypers(radius, width, max_angular, max_radial, gaussian_width)
         cubic, self_term, spacing = tabulate_radial(hypers)
-        xy_coefficients, z_coefficients = harmonics_as_products(max_angular)
         n_types = len(atomic_types)
         type_to_index = torch.full((max(atomic_types) + 1,), -1, dtype=torch.long)
         type_to_index[torch.tensor(atomic_types)] = torch.arange(n_types)
@@ -218,8 +148,7 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.register_buffer("radial_cubic", cubic, persistent=False)
         # each central atom's own density: its l = 0, m = 0 part, Y_0^0 a constant
         self.register_buffer("own_density", self_term / math.sqrt(4 * math.pi), persistent=False)
-        self.register_buffer("xy_coefficients", xy_coefficients, persistent=False)
-        self.register_buffer("z_coefficients", z_coefficients, persistent=False)
+        self.spherical = SphericalHarmonics(max_angular, compact=False)
         self.register_buffer("type_to_index", type_to_index, persistent=False)
         # where each feature (pair, l, n1, n2) sits among the (l, a, n1, b, n2) products
         n = max_radial + 1
@@ -271,39 +200,10 @@ class SoapPowerSpectrum(torch.nn.Module):
         return values, derivative / self.spacing
 
     def harmonics(self, unit: torch.Tensor, with_gradient: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The real spherical harmonics of unit vectors, (pairs, (L+1)(2L+1)), as products of
-        polynomials in (x, y) and in z (:func:`harmonics_as_products`), and with
-        ``with_gradient`` their gradient on the sphere, (pairs, 3, (L+1)(2L+1)): the
-        polynomials' gradient without its part along the unit vector, so that the change
-        of Y(u / |u|) along a change d of u is d . gradient / |u|."""
-        n_pairs, size = len(unit), self.max_angular + 1
-        xy_coefficients, z_coefficients = self.xy_coefficients.to(unit.dtype), self.z_coefficients.to(unit.dtype)
-        powers = self.powers(unit)
-        x, y, z = powers[:, 0], powers[:, 1], powers[:, 2]
-        along_xy = (x[:, :, None] * y[:, None, :]).reshape(n_pairs, size * size) @ xy_coefficients
-        along_z = (z @ z_coefficients).reshape(n_pairs, size, -1)
-        harmonics = (along_z * along_xy[:, None, :]).reshape(n_pairs, -1)
-        if not with_gradient:
-            return harmonics, None
-        # d/du u^a = a u^(a - 1), for the three components at once
-        exponents = torch.arange(1, size, dtype=unit.dtype, device=unit.device)
-        lowered = torch.cat([torch.zeros_like(powers[:, :, :1]), powers[:, :, :-1] * exponents], dim=2)
-        dx, dy, dz = lowered[:, 0], lowered[:, 1], lowered[:, 2]
-        d_along_x = (dx[:, :, None] * y[:, None, :]).reshape(n_pairs, size * size) @ xy_coefficients
-        d_along_y = (x[:, :, None] * dy[:, None, :]).reshape(n_pairs, size * size) @ xy_coefficients
-        d_along_z = (dz @ z_coefficients).reshape(n_pairs, size, -1)
-        gradient = torch.stack(
-            [along_z * d_along_x[:, None, :], along_z * d_along_y[:, None, :], d_along_z * along_xy[:, None, :]], dim=1
-        ).reshape(n_pairs, 3, -1)
-        radial_part = torch.bmm(unit[:, None, :], gradient)
-        return harmonics, torch.baddbmm(gradient, unit[:, :, None], radial_part, alpha=-1.0)
-
-    def powers(self, unit: torch.Tensor) -> torch.Tensor:
-        """The powers 0 to L of the unit vectors' components, (pairs, xyz, power)."""
-        power_list = [torch.ones_like(unit)]
-        for _ in range(self.max_angular):
-            power_list.append(power_list[-1] * unit)
-        return torch.stack(power_list, dim=2)
+        """The real spherical harmonics of unit vectors, (pairs, (L+1)(2L+1)), each l padded
+        to 2L + 1 columns, and with ``with_gradient`` their gradient on the sphere, (pairs,
+        3, (L+1)(2L+1)) (:class:`~mtt.architectures.spherical.SphericalHarmonics`)."""
+        return self.spherical.with_gradient(unit, with_gradient)
 
     def expansion(
         self, types: torch.Tensor, first: torch.Tensor, second: torch.Tensor, vectors: torch.Tensor

@@ -1,0 +1,178 @@
+"""The pieces of an equivariant message-passing layer, in plain torch.
+
+Features are (atoms, channels, components), the components those of degrees l = 0 to L of
+natural parity ((-1)^l: scalars, vectors, rank-2 tensors...), laid out as the harmonics of
+:class:`~mtt.architectures.spherical.SphericalHarmonics` (l^2 + l + m). Atoms come sorted
+by element, with the count of each, so that what depends on an element (the product's
+weights, the skip connection) works on one slice per element.
+
+No ``from __future__ import annotations`` here: TorchScript compiles these modules.
+"""
+
+import math
+from typing import List, Tuple
+
+import numpy as np
+import torch
+
+from ..spherical import clebsch_gordan
+from .radial import RadialNetwork
+
+
+def degree_of_components(max_l: int) -> List[int]:
+    """The degree l of each component of features up to ``max_l``."""
+    return [l for l in range(max_l + 1) for _ in range(2 * l + 1)]
+
+
+class EquivariantLinear(torch.nn.Module):
+    """Mixes channels, with one weight matrix per degree (which keeps the features equivariant)."""
+
+    def __init__(self, channels_in: int, channels_out: int, max_l: int):
+        super().__init__()
+        self.channels_in = channels_in
+        self.weights = torch.nn.Parameter(torch.randn(max_l + 1, channels_in, channels_out))
+        self.register_buffer("degree", torch.tensor(degree_of_components(max_l)), persistent=False)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        weights = self.weights.index_select(0, self.degree) / math.sqrt(self.channels_in)  # (components, in, out)
+        return torch.bmm(features.permute(2, 0, 1), weights).permute(1, 2, 0)
+
+
+class ElementLinear(torch.nn.Module):
+    """An :class:`EquivariantLinear` with weights of its own for each element (atoms sorted by element)."""
+
+    def __init__(self, channels: int, max_l: int, n_elements: int):
+        super().__init__()
+        self.channels = channels
+        self.weights = torch.nn.Parameter(torch.randn(n_elements, max_l + 1, channels, channels))
+        self.register_buffer("degree", torch.tensor(degree_of_components(max_l)), persistent=False)
+
+    def forward(self, features: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        outputs: List[torch.Tensor] = []
+        start = 0
+        for element, count in enumerate(counts):
+            if count == 0:
+                continue
+            weights = self.weights[element].index_select(0, self.degree) / math.sqrt(self.channels)
+            own = features[start : start + count].permute(2, 0, 1)
+            outputs.append(torch.bmm(own, weights).permute(1, 2, 0))
+            start += count
+        return torch.cat(outputs)
+
+
+def coupling_paths(in_l: int, max_l: int) -> List[Tuple[int, int, int]]:
+    """The paths (l_in, l_harmonic, l_out) of a message: features of degree l_in times the
+    harmonics of the bond of degree l_harmonic, coupled to l_out <= max_l of natural parity."""
+    return [
+        (l_in, l_sh, l_out)
+        for l_in in range(in_l + 1)
+        for l_sh in range(max_l + 1)
+        for l_out in range(abs(l_in - l_sh), min(l_in + l_sh, max_l) + 1)
+        if (l_in + l_sh + l_out) % 2 == 0
+    ]
+
+
+class _Coupling(torch.nn.Module):
+    """The coupling of the components of one input degree with the harmonics, onto the
+    components of that degree's paths: the harmonics are contracted with the coupling
+    first (per pair, whatever the channels), then the features with the result."""
+
+    def __init__(self, l_in: int, block: np.ndarray):
+        super().__init__()
+        self.start, self.stop = l_in * l_in, (l_in + 1) ** 2
+        # (harmonics, input components x columns); a constant, rebuilt from the hyperparameters
+        coupling = torch.tensor(block).permute(1, 0, 2).reshape(block.shape[1], -1)
+        self.register_buffer("coupling", coupling, persistent=False)
+        self.columns = block.shape[2]
+
+    def forward(self, features: torch.Tensor, harmonics: torch.Tensor) -> torch.Tensor:
+        own = features[:, :, self.start : self.stop]  # (pairs, channels, input components)
+        per_pair = (harmonics @ self.coupling.to(harmonics.dtype)).reshape(len(harmonics), -1, self.columns)
+        return torch.bmm(own, per_pair)
+
+
+class Interaction(torch.nn.Module):
+    """Each atom's one-particle basis A: the sum over neighbours j of R_p(r_ij) times the
+    features of j coupled with the harmonics of the bond, path by path (MACE's
+    channel-wise tensor product, as NequIP's convolution), divided by the average number
+    of neighbours, then mixed across channels and paths for each degree up to ``max_l``."""
+
+    def __init__(self, in_l: int, max_l: int, channels: int, radial_functions: int, radial_hidden: List[int]):
+        super().__init__()
+        self.channels = channels
+        self.in_l = in_l
+        self.max_l = max_l
+        paths = coupling_paths(in_l, max_l)
+        self.n_paths = len(paths)
+        n_harmonics = (max_l + 1) ** 2
+        # per degree of the input, the dense coupling of its components with the harmonics
+        # (degree 0 needs none: its paths are the harmonics themselves)
+        blocks: List[np.ndarray] = []
+        path_of_column: List[int] = []
+        out_of_column: List[int] = []  # (l_out, path) of each column, for the mixing below
+        for l_in in range(in_l + 1):
+            own = [(p, path) for p, path in enumerate(paths) if path[0] == l_in]
+            columns = sum(2 * path[2] + 1 for _, path in own)
+            block = np.zeros((2 * l_in + 1, n_harmonics, columns))
+            column = 0
+            for p, (_, l_sh, l_out) in own:
+                width = 2 * l_out + 1
+                block[:, l_sh * l_sh : (l_sh + 1) ** 2, column : column + width] = clebsch_gordan(l_in, l_sh, l_out)
+                path_of_column += [p] * width
+                out_of_column += [l_out] * width
+                column += width
+            blocks.append(block)
+        self.radial = RadialNetwork(radial_functions, radial_hidden, channels * self.n_paths)
+        self.couplings = torch.nn.ModuleList([_Coupling(l_in, block) for l_in, block in enumerate(blocks) if l_in > 0])
+        # which path's radial weight each column takes, as a 0/1 matrix (a product, cheaper than a gather)
+        spread = torch.zeros((self.n_paths, len(path_of_column)), dtype=torch.float64)
+        spread[torch.tensor(path_of_column), torch.arange(len(path_of_column))] = 1.0
+        self.register_buffer("path_to_columns", spread, persistent=False)
+        # the columns of each output degree, paths one after the other, and their mixing
+        order: List[int] = []
+        self.paths_per_degree: List[int] = []
+        for l_out in range(max_l + 1):
+            mine = [c for c in range(len(out_of_column)) if out_of_column[c] == l_out]
+            order += sorted(mine, key=lambda c: (path_of_column[c], c))
+            self.paths_per_degree.append(len(mine) // (2 * l_out + 1))
+        self.register_buffer("column_order", torch.tensor(order), persistent=False)
+        # the mixing of each output degree, rows (channel, path), one block after the other
+        self.mixing = torch.nn.Parameter(torch.randn(sum(self.paths_per_degree) * channels, channels))
+
+    def _coupled(self, features: torch.Tensor, harmonics: torch.Tensor) -> torch.Tensor:
+        """Per pair and channel, the sender's features coupled with the bond's harmonics,
+        every path's components one after the other: (pairs, channels, columns)."""
+        parts = [features[:, :, :1] * harmonics[:, None, :]]  # degree 0: the harmonics themselves
+        for coupling in self.couplings:
+            parts.append(coupling(features, harmonics))
+        return torch.cat(parts, dim=2)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        harmonics: torch.Tensor,
+        radial_basis: torch.Tensor,
+        first: torch.Tensor,
+        second: torch.Tensor,
+        average_neighbors: torch.Tensor,
+    ) -> torch.Tensor:
+        # the radial basis is the half list's: both directions of a pair take its weights
+        weights = self.radial(radial_basis).reshape(-1, self.channels, self.n_paths)
+        weights = torch.cat([weights, weights])
+        messages = self._coupled(features.index_select(0, second), harmonics)
+        messages = messages * (weights @ self.path_to_columns.to(weights.dtype))
+        summed = torch.zeros(
+            (len(features), self.channels, messages.shape[2]), dtype=messages.dtype, device=messages.device
+        )
+        summed = summed.index_add(0, first, messages) / average_neighbors
+        grouped = summed.index_select(2, self.column_order)
+        degrees: List[torch.Tensor] = []
+        start = row = 0
+        for l_out, count in enumerate(self.paths_per_degree):
+            width = 2 * l_out + 1
+            part = grouped[:, :, start : start + count * width].reshape(len(features), self.channels * count, width)
+            mixing = self.mixing[row : row + count * self.channels] / math.sqrt(self.channels * count)
+            degrees.append(torch.matmul(part.transpose(1, 2), mixing).transpose(1, 2))
+            start += count * width
+            row += count * self.channels
+        return torch.cat(degrees, dim=2)

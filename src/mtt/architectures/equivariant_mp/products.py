@@ -1,0 +1,145 @@
+"""The many-body product of each layer: symmetric polynomials of the one-particle basis.
+
+Each atom's one-particle basis A (per channel: the harmonics of degree 0 to L, natural
+parity) is raised to products of up to ``correlation`` factors and projected onto the
+equivariant features of each output degree, as in ACE (Drautz 2019) and MACE's product
+block (Batatia et al., NeurIPS 2022). The projections are the symmetric, equivariant
+tensors U[i_1 ... i_nu, M]: a basis of them is built once, numerically, by coupling the
+degrees of the factors two by two with Clebsch-Gordan coefficients through every
+intermediate degree, symmetrising over the factors and keeping an orthonormal basis of
+what that spans. The weights of the basis functions are learned per element and channel.
+
+Evaluated for the atoms of one element at a time, the weights are first contracted with
+the basis (once per element and step), then the factors one by one (the recursion of
+MACE's implementation), so that no per-atom copy of the basis is ever made.
+
+No ``from __future__ import annotations`` here: TorchScript compiles :class:`SymmetricProduct`.
+"""
+
+import itertools
+import math
+from typing import List
+
+import numpy as np
+import torch
+
+from ..spherical import clebsch_gordan
+
+
+def _coupling_trees(degrees: tuple, out: int) -> List[np.ndarray]:
+    """Every coupling of factors of ``degrees`` (in this order) into degree ``out``, each
+    as a tensor over the factors' m and the output's M: left to right, through every
+    intermediate degree."""
+    partial = [(degrees[0], np.eye(2 * degrees[0] + 1))]  # (degree, tensor over m_1 ... m_k, mu)
+    for position, degree in enumerate(degrees[1:], start=2):
+        reachable = out + sum(degrees[position:])  # the rest can still bring it down to ``out``
+        grown = []
+        for current, tensor in partial:
+            for coupled in range(abs(current - degree), min(current + degree, reachable) + 1):
+                coupling = clebsch_gordan(current, degree, coupled)
+                grown.append((coupled, np.tensordot(tensor, coupling, axes=([-1], [0]))))
+        partial = grown
+    return [tensor for degree, tensor in partial if degree == out]
+
+
+def symmetric_basis(max_l: int, correlation: int, out: int) -> np.ndarray:
+    """An orthonormal basis of the symmetric equivariant tensors of ``correlation`` factors
+    of the one-particle basis (degrees 0 to ``max_l``, natural parity, (max_l + 1)^2
+    components) onto degree ``out`` (natural parity): (functions, components^correlation,
+    2 out + 1), possibly with no function."""
+    size = (max_l + 1) ** 2
+    shape = (size,) * correlation + (2 * out + 1,)
+    candidates = []
+    for degrees in itertools.combinations_with_replacement(range(max_l + 1), correlation):
+        if (sum(degrees) + out) % 2:  # parity: the product of the factors' (-1)^l must be (-1)^out
+            continue
+        for tree in _coupling_trees(degrees, out):
+            full = np.zeros(shape)
+            full[tuple(slice(l * l, (l + 1) ** 2) for l in degrees) + (slice(None),)] = tree
+            symmetric = sum(
+                np.transpose(full, order + (correlation,)) for order in itertools.permutations(range(correlation))
+            )
+            candidates.append(symmetric.reshape(-1))
+    if not candidates:
+        return np.zeros((0,) + shape)
+    _, singular, rows = np.linalg.svd(np.stack(candidates), full_matrices=False)
+    kept = rows[singular > 1e-8 * singular[0]]
+    kept[np.abs(kept) < 1e-12] = 0.0
+    return kept.reshape((-1,) + shape)
+
+
+def _multiplicity(indices: tuple) -> int:
+    """How many orderings of ``indices`` are distinct: a symmetric tensor's weight on a monomial."""
+    return math.factorial(len(indices)) // math.prod(math.factorial(indices.count(i)) for i in set(indices))
+
+
+class SymmetricProduct(torch.nn.Module):
+    """Per atom and channel, the learned symmetric polynomials of its one-particle basis A
+    onto degrees 0 to ``out_l``: B = sum over nu <= correlation of W_nu(element) U_nu A^nu.
+
+    A symmetric tensor U contracted with nu copies of A is a combination of the monomials
+    A_i1 ... A_inu with i1 <= ... <= inu, each with the number of its distinct orderings:
+    the product is computed as those monomials (only the ones some basis function uses)
+    times each element's weighted basis, one batched product per element.
+    """
+
+    def __init__(self, max_l: int, out_l: int, correlation: int, channels: int, n_elements: int):
+        super().__init__()
+        size = (max_l + 1) ** 2
+        outputs = (out_l + 1) ** 2
+        bases = {  # (nu, l) -> (functions, components^nu, 2l + 1)
+            (nu, l): symmetric_basis(max_l, nu, l) for nu in range(1, correlation + 1) for l in range(out_l + 1)
+        }
+        # the monomials that some function uses, order by order
+        monomials: List[tuple] = []
+        for nu in range(1, correlation + 1):
+            for indices in itertools.combinations_with_replacement(range(size), nu):
+                if any(
+                    np.abs(basis[(slice(None),) + indices]).max() > 1e-12
+                    for (n, _), basis in bases.items()
+                    if n == nu and len(basis)
+                ):
+                    monomials.append(indices)
+        functions = sum(len(basis) for basis in bases.values())
+        combined = np.zeros((functions, len(monomials), outputs))
+        row = 0
+        for (nu, l), basis in bases.items():
+            for function in basis:
+                for column, indices in enumerate(monomials):
+                    if len(indices) == nu:
+                        combined[row, column, l * l : (l + 1) ** 2] = _multiplicity(indices) * function[indices]
+                # each function's weight normalised to start of order one
+                combined[row] *= 3.0
+                row += 1
+        self.channels = channels
+        self.outputs = outputs
+        self.n_monomials = len(monomials)
+        # the factors of each monomial, padded with a constant 1 (component ``size``)
+        factors = torch.tensor([list(indices) + [size] * (correlation - len(indices)) for indices in monomials])
+        self.register_buffer("factors", factors.t().contiguous(), persistent=False)  # (correlation, monomials)
+        self.register_buffer(
+            "basis", torch.tensor(combined.reshape(functions, -1)).to(torch.get_default_dtype()), persistent=False
+        )
+        self.weights = torch.nn.Parameter(torch.randn(n_elements, functions, channels) / functions)
+
+    def forward(self, basis: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        """``basis`` (atoms, channels, components), atoms sorted by element with ``counts``
+        of each; returns (atoms, channels, (out_l + 1)^2) in the same order."""
+        # (channels, components, atoms): each factor of the monomials is a gather of rows of
+        # atoms, and every product below works on contiguous tensors of one layout
+        rows = torch.nn.functional.pad(basis.permute(1, 2, 0), (0, 0, 0, 1), value=1.0)
+        outputs: List[torch.Tensor] = []
+        start = 0
+        for element, count in enumerate(counts):
+            if count == 0:
+                continue
+            own = rows[:, :, start : start + count].contiguous()
+            start += count
+            monomials = own.index_select(1, self.factors[0])
+            for factor in self.factors[1:]:
+                monomials = monomials * own.index_select(1, factor)
+            weighted = (self.weights[element].t() @ self.basis.to(basis.dtype)).reshape(
+                self.channels, self.n_monomials, self.outputs
+            )
+            outputs.append(torch.bmm(weighted.transpose(1, 2).contiguous(), monomials))
+        return torch.cat(outputs, dim=2).permute(2, 0, 1)  # (atoms, channels, outputs)
