@@ -71,7 +71,9 @@ Finished runs are reused: each run's figures are cached as JSON in its folder un
 .bench/compare_mace/ (with its models, for MD), keyed by tool, split, seed, epochs and a hash
 of the options text (mtt: the options file and the state of mtt's sources, the tree of src/
 at HEAD and its uncommitted changes; MACE: its command line and version), and so are its MD rates
-(keyed by the MD settings). A rerun trains only what is missing; ``--fresh`` ignores the cache.
+(keyed by the MD settings). A rerun trains only what is missing, and runs MD only for the
+models without cached rates (then the other tool's rounds are not run again, and the two sets of
+rates come from different times); ``--fresh`` ignores the cache.
 The time each part took is printed at the end (cached parts count as 0).
 
 This is a benchmark, not a test: nothing here asserts timings.
