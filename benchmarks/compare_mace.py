@@ -107,9 +107,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _data_folder() -> Path:
     """shared/data beside the checkout, or beside the main checkout of a git worktree."""
-    common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
-                            cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    candidates = [ROOT.parent / "shared" / "data"] + ([Path(common).parent.parent / "shared" / "data"] if common else [])
+    common = subprocess.run(
+        ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    candidates = [ROOT.parent / "shared" / "data"] + (
+        [Path(common).parent.parent / "shared" / "data"] if common else []
+    )
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
@@ -150,28 +153,56 @@ training_set: {train}
 validation_set: {validation}
 test_set: {test}
 """
-MTT_DATASET = "{{systems: {{read_from: {file}, length_unit: angstrom}}, targets: {{energy: " \
-              "{{key: REF_energy, unit: eV, forces: {{key: REF_forces}}}}}}}}"
+MTT_DATASET = (
+    "{{systems: {{read_from: {file}, length_unit: angstrom}}, targets: {{energy: "
+    "{{key: REF_energy, unit: eV, forces: {{key: REF_forces}}}}}}}}"
+)
 # ============================================================================================
 
 # MACE's command line (the issue's small model); the files, seed and epochs are added per run
 MACE_ARGUMENTS = [
-    "--name", "mace", "--model", "MACE", "--hidden_irreps", "32x0e+32x1o", "--r_max", "5.0",
-    "--batch_size", "10", "--default_dtype", "float32", "--device", "cpu",
-    "--swa", "--ema", "--ema_decay", "0.99", "--E0s", "average",
-    "--energy_key", "REF_energy", "--forces_key", "REF_forces",
+    "--name",
+    "mace",
+    "--model",
+    "MACE",
+    "--hidden_irreps",
+    "32x0e+32x1o",
+    "--r_max",
+    "5.0",
+    "--batch_size",
+    "10",
+    "--default_dtype",
+    "float32",
+    "--device",
+    "cpu",
+    "--swa",
+    "--ema",
+    "--ema_decay",
+    "0.99",
+    "--E0s",
+    "average",
+    "--energy_key",
+    "REF_energy",
+    "--forces_key",
+    "REF_forces",
 ]
 MACE_MODEL = "mace_stagetwo.model"  # the model after stage two, which MACE recommends
 
-MEMORY = "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]).returncode; " \
-         "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)"
+MEMORY = (
+    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]).returncode; "
+    "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)"
+)
 
 # the parameters of a trained model, run in the tool's environment with the model's path
-MTT_PARAMETERS = "import sys; from mtt.checkpoint import load_checkpoint, model_from_checkpoint; " \
-                 "model = model_from_checkpoint(load_checkpoint(sys.argv[1]), 'model_state')[0]; " \
-                 "print(sum(p.numel() for p in model.parameters()))"
-MACE_PARAMETERS = "import sys, torch; model = torch.load(sys.argv[1], map_location='cpu', weights_only=False); " \
-                  "print(sum(p.numel() for p in model.parameters()))"
+MTT_PARAMETERS = (
+    "import sys; from mtt.export import model_from_state; from mtt.training.state import TrainingState; "
+    "model = model_from_state(TrainingState.load(sys.argv[1]))[0]; "
+    "print(sum(p.numel() for p in model.parameters()))"
+)
+MACE_PARAMETERS = (
+    "import sys, torch; model = torch.load(sys.argv[1], map_location='cpu', weights_only=False); "
+    "print(sum(p.numel() for p in model.parameters()))"
+)
 
 MD = """
 import time, ase.io, numpy as np
@@ -191,14 +222,24 @@ for path, steps in {systems!r}:
 """
 CALCULATORS = {
     "mtt": "from metatomic_ase import MetatomicCalculator\n"
-           "calculator = lambda: MetatomicCalculator('model.pt', extensions_directory='extensions')",
+    "calculator = lambda: MetatomicCalculator('model.pt', extensions_directory='extensions')",
     "mace": "from mace.calculators import MACECalculator\n"
-            f"calculator = lambda: MACECalculator(model_paths='{MACE_MODEL}', device='cpu', default_dtype='float32')",
+    f"calculator = lambda: MACECalculator(model_paths='{MACE_MODEL}', device='cpu', default_dtype='float32')",
 }
 
-FIGURES = ["test F MAE meV/A", "test F RMSE meV/A", "test E MAE meV/atom", "test E RMSE meV/atom",
-           "s/epoch", "structures/s", "fixed s", "peak MB", "parameters",
-           "MD 9 atoms steps/s", "MD 99 atoms steps/s"]
+FIGURES = [
+    "test F MAE meV/A",
+    "test F RMSE meV/A",
+    "test E MAE meV/atom",
+    "test E RMSE meV/atom",
+    "s/epoch",
+    "structures/s",
+    "fixed s",
+    "peak MB",
+    "parameters",
+    "MD 9 atoms steps/s",
+    "MD 99 atoms steps/s",
+]
 
 
 class ArchitectureMissing(Exception):
@@ -206,6 +247,7 @@ class ArchitectureMissing(Exception):
 
 
 # -- set-up -----------------------------------------------------------------------------------
+
 
 def setup_mace() -> None:
     if (VENV / "bin" / "mace_run_train").exists():
@@ -230,8 +272,9 @@ def write_splits() -> dict[str, dict[str, Path]]:
     files = {}
     for name, (file, factor, *ranges) in SPLITS.items():
         frames = ase.io.read(DATA / file, ":")
-        order = np.random.default_rng(SPLIT_SEED).permutation(len(frames)) if file in SHUFFLED \
-            else np.arange(len(frames))
+        order = (
+            np.random.default_rng(SPLIT_SEED).permutation(len(frames)) if file in SHUFFLED else np.arange(len(frames))
+        )
         folder = WORK / "splits" / name
         folder.mkdir(parents=True, exist_ok=True)
         files[name] = {}
@@ -249,8 +292,9 @@ def _random_rotation(rng: np.random.Generator) -> np.ndarray:
     return q
 
 
-def ethanol_box(molecule: ase.Atoms, count: int = 11, box: float = 12.0, seed: int = 0,
-                closest: float = 2.0) -> ase.Atoms:
+def ethanol_box(
+    molecule: ase.Atoms, count: int = 11, box: float = 12.0, seed: int = 0, closest: float = 2.0
+) -> ase.Atoms:
     """``count`` copies of ``molecule`` at sites of a 2x2x3 grid (6, 6 and 4 Å apart) in a
     periodic cubic box, each turned by a random rotation, drawn again until no atom is within
     ``closest`` Å of another molecule's."""
@@ -264,7 +308,7 @@ def ethanol_box(molecule: ase.Atoms, count: int = 11, box: float = 12.0, seed: i
             candidate = atoms + ase.Atoms(molecule.numbers, centred @ _random_rotation(rng).T + site)
             if len(atoms) == 0:
                 break
-            distances = candidate.get_all_distances(mic=True)[len(atoms):, :len(atoms)]
+            distances = candidate.get_all_distances(mic=True)[len(atoms) :, : len(atoms)]
             if distances.min() >= closest:
                 break
         else:
@@ -287,6 +331,7 @@ def write_md_systems() -> list[tuple[str, int]]:
 
 # -- one training run --------------------------------------------------------------------------
 
+
 def _mtt_source_state() -> str:
     """The committed tree of mtt's sources and their uncommitted changes: mtt's cached runs
     follow its code (and not commits elsewhere, such as this script's)."""
@@ -297,14 +342,22 @@ def _mtt_source_state() -> str:
 
 def mtt_options(files: dict[str, Path], seed: int, epochs: int, architecture: str, model: dict) -> str:
     datasets = {part: MTT_DATASET.format(file=path) for part, path in files.items()}
-    return MTT_OPTIONS.format(seed=seed, epochs=epochs, architecture=architecture,
-                              model=json.dumps(model), **datasets)
+    return MTT_OPTIONS.format(seed=seed, epochs=epochs, architecture=architecture, model=json.dumps(model), **datasets)
 
 
 def mace_command(files: dict[str, Path], seed: int, epochs: int) -> list[str]:
-    return MACE_ARGUMENTS + ["--train_file", str(files["train"]), "--valid_file", str(files["validation"]),
-                             "--test_file", str(files["test"]), "--seed", str(seed),
-                             "--max_num_epochs", str(epochs)]
+    return MACE_ARGUMENTS + [
+        "--train_file",
+        str(files["train"]),
+        "--valid_file",
+        str(files["validation"]),
+        "--test_file",
+        str(files["test"]),
+        "--seed",
+        str(seed),
+        "--max_num_epochs",
+        str(epochs),
+    ]
 
 
 def _timed_run(command: list[str], folder: Path) -> tuple[str, float, float, int]:
@@ -326,8 +379,7 @@ def _epoch_figures(epoch_times: list[float], n_train: int, wall: float) -> dict:
     """Mean of epochs 2 to N (of the only one if N is 1), throughput and fixed cost."""
     later = epoch_times[1:] or epoch_times
     per_epoch = statistics.fmean(later)
-    return {"s/epoch": per_epoch, "structures/s": n_train / per_epoch,
-            "fixed s": wall - per_epoch * len(epoch_times)}
+    return {"s/epoch": per_epoch, "structures/s": n_train / per_epoch, "fixed s": wall - per_epoch * len(epoch_times)}
 
 
 def train_mtt(files, seed, epochs, options: str, folder: Path, n_train: int) -> dict:
@@ -343,28 +395,41 @@ def train_mtt(files, seed, epochs, options: str, folder: Path, n_train: int) -> 
         epoch_times = [float(row["time [s]"]) for row in csv.DictReader(handle)]
     test = next(line for line in text.splitlines() if "test set (" in line)
     figures = {}
-    for name, key in (("test E RMSE meV/atom", "energy per atom rmse"), ("test E MAE meV/atom", "energy per atom mae"),
-                      ("test F RMSE meV/A", "forces rmse"), ("test F MAE meV/A", "forces mae")):
+    for name, key in (
+        ("test E RMSE meV/atom", "energy per atom rmse"),
+        ("test E MAE meV/atom", "energy per atom mae"),
+        ("test F RMSE meV/A", "forces rmse"),
+        ("test F MAE meV/A", "forces mae"),
+    ):
         found = re.search(key + r" ([-\d.e+]+) (\S+?)(?:,|$)", test)
         figures[name] = _in_mev(*found.groups())
-    parameters = subprocess.run([sys.executable, "-c", MTT_PARAMETERS, str(run / "model.ckpt")],
-                                capture_output=True, text=True, check=True).stdout
-    figures |= _epoch_figures(epoch_times, n_train, wall) | {"peak MB": peak_mb, "parameters": int(parameters.split()[-1])}
+    parameters = subprocess.run(
+        [sys.executable, "-c", MTT_PARAMETERS, str(run / "model.ckpt")], capture_output=True, text=True, check=True
+    ).stdout
+    figures |= _epoch_figures(epoch_times, n_train, wall) | {
+        "peak MB": peak_mb,
+        "parameters": int(parameters.split()[-1]),
+    }
     return figures
 
 
 def _errors(reference: list[ase.Atoms], predicted: list[ase.Atoms]) -> dict:
     """MAE and RMSE of energy per atom (meV/atom) and force components (meV/Å)."""
     energy = np.array([(p.info["MACE_energy"] - r.info["REF_energy"]) / len(r) for r, p in zip(reference, predicted)])
-    forces = np.concatenate([(p.arrays["MACE_forces"] - r.arrays["REF_forces"]).ravel()
-                             for r, p in zip(reference, predicted)])
-    return {"test E MAE meV/atom": 1000 * np.abs(energy).mean(), "test E RMSE meV/atom": 1000 * np.sqrt((energy ** 2).mean()),
-            "test F MAE meV/A": 1000 * np.abs(forces).mean(), "test F RMSE meV/A": 1000 * np.sqrt((forces ** 2).mean())}
+    forces = np.concatenate(
+        [(p.arrays["MACE_forces"] - r.arrays["REF_forces"]).ravel() for r, p in zip(reference, predicted)]
+    )
+    return {
+        "test E MAE meV/atom": 1000 * np.abs(energy).mean(),
+        "test E RMSE meV/atom": 1000 * np.sqrt((energy**2).mean()),
+        "test F MAE meV/A": 1000 * np.abs(forces).mean(),
+        "test F RMSE meV/A": 1000 * np.sqrt((forces**2).mean()),
+    }
 
 
 def mace_log_test_rmse(text: str) -> tuple[float, float]:
     """(energy per atom, forces) RMSE of MACE's last test table (the stage-two model), in meV."""
-    table = text[text.rindex("Error-table on TEST"):]
+    table = text[text.rindex("Error-table on TEST") :]
     row = re.search(r"\|\s*\S+\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|", table)
     return float(row.group(1)), float(row.group(2))
 
@@ -381,21 +446,46 @@ def train_mace(files, seed, epochs, command: list[str], folder: Path, n_train: i
     epoch_times = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
     if len(epoch_times) != epochs:
         raise SystemExit(f"MACE logged {len(epoch_times)} epochs, not {epochs} (see {folder / 'output.txt'})")
-    subprocess.run([str(VENV / "bin" / "mace_eval_configs"), "--configs", str(files["test"]), "--model", MACE_MODEL,
-                    "--output", "test_predictions.xyz", "--default_dtype", "float32"],
-                   cwd=folder, check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(VENV / "bin" / "mace_eval_configs"),
+            "--configs",
+            str(files["test"]),
+            "--model",
+            MACE_MODEL,
+            "--output",
+            "test_predictions.xyz",
+            "--default_dtype",
+            "float32",
+        ],
+        cwd=folder,
+        check=True,
+        capture_output=True,
+    )
     figures = _errors(ase.io.read(files["test"], ":"), ase.io.read(folder / "test_predictions.xyz", ":"))
     log_energy, log_forces = mace_log_test_rmse(text)
-    for ours, logged, name in ((figures["test E RMSE meV/atom"], log_energy, "energy"),
-                               (figures["test F RMSE meV/A"], log_forces, "forces")):
+    for ours, logged, name in (
+        (figures["test E RMSE meV/atom"], log_energy, "energy"),
+        (figures["test F RMSE meV/A"], log_forces, "forces"),
+    ):
         if abs(ours - logged) > 0.05 + 0.01 * logged:  # the table rounds to 0.1 meV
-            print(f"  warning: MACE's test {name} RMSE is {logged} in its log, {ours:.3f} from its predictions",
-                  file=sys.stderr)
-    parameters = subprocess.run([str(VENV / "bin" / "python"), "-c", MACE_PARAMETERS, MACE_MODEL],
-                                cwd=folder, capture_output=True, text=True, check=True).stdout
-    figures |= _epoch_figures(epoch_times, n_train, wall) | {"peak MB": peak_mb, "parameters": int(parameters.split()[-1]),
-                                                            "log test E RMSE meV/atom": log_energy,
-                                                            "log test F RMSE meV/A": log_forces}
+            print(
+                f"  warning: MACE's test {name} RMSE is {logged} in its log, {ours:.3f} from its predictions",
+                file=sys.stderr,
+            )
+    parameters = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", MACE_PARAMETERS, MACE_MODEL],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    figures |= _epoch_figures(epoch_times, n_train, wall) | {
+        "peak MB": peak_mb,
+        "parameters": int(parameters.split()[-1]),
+        "log test E RMSE meV/atom": log_energy,
+        "log test F RMSE meV/A": log_forces,
+    }
     return figures
 
 
@@ -404,8 +494,11 @@ def warn_if_busy(what: str) -> None:
     process made MACE's epochs 10 times slower): say so, as the timings will be off."""
     load = os.getloadavg()[0]
     if load > 0.7:
-        print(f"  warning: load average {load:.1f} before {what}: other processes are running, "
-              "timings will be slower than on an idle machine", file=sys.stderr)
+        print(
+            f"  warning: load average {load:.1f} before {what}: other processes are running, "
+            "timings will be slower than on an idle machine",
+            file=sys.stderr,
+        )
 
 
 def run_training(tool: str, split: str, files, seed: int, epochs: int, args) -> tuple[dict, Path, bool]:
@@ -435,12 +528,14 @@ def run_training(tool: str, split: str, files, seed: int, epochs: int, args) -> 
 
 # -- MD ---------------------------------------------------------------------------------------
 
+
 def md_rates(tool: str, folder: Path, systems: list[tuple[str, int]]) -> list[float]:
     """Steps/s of the tool's exported model on each MD system, in one process."""
     python = sys.executable if tool == "mtt" else str(VENV / "bin" / "python")
     script = MD.format(calculator=CALCULATORS[tool], systems=systems)
-    output = subprocess.run([python, "-c", textwrap.dedent(script)], cwd=folder, check=True,
-                            capture_output=True, text=True).stdout
+    output = subprocess.run(
+        [python, "-c", textwrap.dedent(script)], cwd=folder, check=True, capture_output=True, text=True
+    ).stdout
     return [float(line.split()[2]) for line in output.splitlines() if line.startswith("RATE")]
 
 
@@ -472,6 +567,7 @@ def run_md(folders: dict[str, Path], md_systems: list[tuple[str, int]], args) ->
 
 # -- main -------------------------------------------------------------------------------------
 
+
 def _model_hypers(text: str | None) -> dict:
     if text is None:
         return MTT_MODEL_HYPERS
@@ -489,9 +585,12 @@ def _cell(values: list[float]) -> str:
 
 
 def print_table(results: dict, splits: list[str], epochs: dict, args) -> None:
-    print(f"\nmtt ({args.mtt_architecture}) vs {MACE}, {args.repeats} run(s) each (seeds 42 to "
-          f"{41 + args.repeats}), medians [min-max]; epochs: "
-          + ", ".join(f"{split} {epochs[split]}" for split in splits) + "\n")
+    print(
+        f"\nmtt ({args.mtt_architecture}) vs {MACE}, {args.repeats} run(s) each (seeds 42 to "
+        f"{41 + args.repeats}), medians [min-max]; epochs: "
+        + ", ".join(f"{split} {epochs[split]}" for split in splits)
+        + "\n"
+    )
     print("| split | figure | mtt | MACE | mtt/MACE |")
     print("| --- | --- | ---: | ---: | ---: |")
     for split in splits:
@@ -505,13 +604,19 @@ def print_table(results: dict, splits: list[str], epochs: dict, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2, help="training runs of each tool per split (seeds 42, 43, ...)")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="training runs of each tool per split (seeds 42, 43, ...)"
+    )
     parser.add_argument("--epochs-1000", type=int, default=8, help="epochs on xtb-1000")
     parser.add_argument("--epochs-small", type=int, default=100, help="epochs on xtb-50 and rmd17-80")
     parser.add_argument("--splits", nargs="+", default=list(SPLITS), choices=list(SPLITS))
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=list(TOOLS))
-    parser.add_argument("--md-steps", type=int, default=100, help="timed MD steps on one molecule (a quarter on 99 atoms)")
-    parser.add_argument("--md-rounds", type=int, default=3, help="MD runs of each tool's model per training run, alternating")
+    parser.add_argument(
+        "--md-steps", type=int, default=100, help="timed MD steps on one molecule (a quarter on 99 atoms)"
+    )
+    parser.add_argument(
+        "--md-rounds", type=int, default=3, help="MD runs of each tool's model per training run, alternating"
+    )
     parser.add_argument("--mtt-architecture", default=MTT_ARCHITECTURE)
     parser.add_argument("--mtt-model-yaml", help="mtt's model hyperparameters: a YAML mapping, or a YAML file")
     parser.add_argument("--fresh", action="store_true", help="ignore the cached runs (and replace them)")
@@ -535,20 +640,26 @@ def main() -> None:
             for tool in list(tools) if repeat % 2 == 0 else tools[::-1]:  # alternate, and the order too
                 started = time.perf_counter()
                 try:
-                    figures, folders[tool], cached = run_training(tool, split, files[split], 42 + repeat,
-                                                                  epochs[split], args)
+                    figures, folders[tool], cached = run_training(
+                        tool, split, files[split], 42 + repeat, epochs[split], args
+                    )
                 except ArchitectureMissing as missing:
-                    print(f"  mtt does not have the architecture '{args.mtt_architecture}' ({missing}): "
-                          "skipping mtt", file=sys.stderr)
+                    print(
+                        f"  mtt does not have the architecture '{args.mtt_architecture}' ({missing}): skipping mtt",
+                        file=sys.stderr,
+                    )
                     tools.remove("mtt")
                     continue
                 seconds = time.perf_counter() - started
                 spent[f"{tool} training"] = spent.get(f"{tool} training", 0.0) + seconds
                 for name, value in figures.items():
                     results.setdefault((split, name, tool), []).append(value)
-                print(f"  {split} {tool} run {repeat + 1}: " + ("cached" if cached else f"trained in {seconds:.0f} s")
-                      + f", test F RMSE {figures['test F RMSE meV/A']:.1f} meV/A, {figures['s/epoch']:.2f} s/epoch",
-                      file=sys.stderr)
+                print(
+                    f"  {split} {tool} run {repeat + 1}: "
+                    + ("cached" if cached else f"trained in {seconds:.0f} s")
+                    + f", test F RMSE {figures['test F RMSE meV/A']:.1f} meV/A, {figures['s/epoch']:.2f} s/epoch",
+                    file=sys.stderr,
+                )
             if not folders or args.md_rounds < 1:
                 continue
             rates, seconds = run_md(folders, md_systems, args)
@@ -556,13 +667,18 @@ def main() -> None:
                 spent[f"{tool} MD"] = spent.get(f"{tool} MD", 0.0) + seconds[tool]
                 for name, values in figures.items():
                     results.setdefault((split, name, tool), []).extend(values)
-            print(f"  {split} MD run {repeat + 1}: " + ", ".join(
-                f"{tool} {seconds[tool]:.0f} s" if seconds[tool] else f"{tool} cached" for tool in folders),
-                file=sys.stderr)
+            print(
+                f"  {split} MD run {repeat + 1}: "
+                + ", ".join(f"{tool} {seconds[tool]:.0f} s" if seconds[tool] else f"{tool} cached" for tool in folders),
+                file=sys.stderr,
+            )
 
     print_table(results, args.splits, epochs, args)
-    print("\ntime spent: " + ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in spent.items())
-          + f"; total {(time.perf_counter() - begin) / 60:.1f} min")
+    print(
+        "\ntime spent: "
+        + ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in spent.items())
+        + f"; total {(time.perf_counter() - begin) / 60:.1f} min"
+    )
 
 
 if __name__ == "__main__":

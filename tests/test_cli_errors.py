@@ -415,3 +415,27 @@ def test_error_inside_an_architecture_blames_it(tmp_path, data_file, monkeypatch
     assert str(log.relative_to(tmp_path)) in stderr
     assert "per_atom_outputs" in log.read_text()
     assert not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("architecture.model.channels=-4", ["architecture.model", "channels"]),
+        ("architecture.model.max_l=5", ["max_l=5 is too large for correlation=3", "lower max_l"]),
+        ("architecture.model.hidden_l=4", ["hidden_l between 0 and max_l"]),
+    ],
+)
+def test_bad_hyperparameters_of_the_message_passing_model(tmp_path, data_file, override, words):
+    """Hyperparameters that cannot make a model are refused before anything is read or written."""
+    write_options(tmp_path, OPTIONS.replace("name: composition", "name: equivariant_mp"))
+    result = run_mtt("train", "options.yaml", override, cwd=tmp_path)
+    assert_user_error(result, *words)
+    assert_nothing_written(tmp_path)
+
+
+def test_a_cutoff_shorter_than_every_distance_is_refused(tmp_path, data_file):
+    """No atom would see a neighbour: the model could learn the composition only."""
+    write_options(tmp_path, OPTIONS.replace("name: composition", "name: equivariant_mp"))
+    result = run_mtt("train", "options.yaml", "architecture.model.cutoff=0.5", cwd=tmp_path)
+    assert_user_error(result, "cutoff (0.5 Å) is shorter than the smallest distance", "2.")
+    assert not (tmp_path / "model.pt").exists()

@@ -16,12 +16,16 @@ from conftest import EMT_DATA, ROOT, run_mtt, write_options
 
 STORED_CHECKPOINT = ROOT / "tests" / "data" / "checkpoint-v1.ckpt"
 
+#: small models of each architecture: MD tests need a smooth model, not an accurate one
+ARCHITECTURES = {
+    "soap_bpnn": "name: soap_bpnn\n  model:\n    soap: {max_radial: 3, max_angular: 2}",
+    "equivariant_mp": "name: equivariant_mp\n  model: {channels: 8, max_l: 2, correlation: 2, radial_mlp: [16]}",
+}
+
 SMALL_MODEL = """
 seed: 5
 architecture:
-  name: soap_bpnn
-  model:
-    soap: {{max_radial: 3, max_angular: 2}}
+  {architecture}
   training: {{batch_size: 8, num_epochs: {epochs}}}
 training_set:
   systems: {data}
@@ -33,9 +37,14 @@ base_precision: {precision}
 """
 
 
-def train(folder: Path, data: Path, targets: str, epochs: int = 3, precision: int = 64) -> Path:
+def train(
+    folder: Path, data: Path, targets: str, epochs: int = 3, precision: int = 64, architecture: str = "soap_bpnn"
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    options = write_options(folder, SMALL_MODEL.format(epochs=epochs, data=data, targets=targets, precision=precision))
+    text = SMALL_MODEL.format(
+        epochs=epochs, data=data, targets=targets, precision=precision, architecture=ARCHITECTURES[architecture]
+    )
+    options = write_options(folder, text)
     result = run_mtt("train", str(options), cwd=folder)
     assert result.returncode == 0, result.stderr
     return folder / "model.pt"
@@ -80,9 +89,14 @@ def md_drift(model: Path, structure: str, steps: int, temperature: float) -> flo
 
 
 @pytest.mark.slow
-def test_nve_md_of_ethanol_conserves_energy(tmp_path, shared_data):
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_nve_md_of_ethanol_conserves_energy(tmp_path, shared_data, architecture):
     model = train(
-        tmp_path, shared_data / "ethanol_reduced_100.xyz", "{key: energy, unit: kcal/mol, forces: forces}", epochs=10
+        tmp_path,
+        shared_data / "ethanol_reduced_100.xyz",
+        "{key: energy, unit: kcal/mol, forces: forces}",
+        epochs=10,
+        architecture=architecture,
     )
     first = ase.io.read(shared_data / "ethanol_reduced_100.xyz", "0")
     first.calc = None
@@ -93,9 +107,14 @@ def test_nve_md_of_ethanol_conserves_energy(tmp_path, shared_data):
 
 
 @pytest.mark.slow
-def test_nve_md_of_a_periodic_metal_conserves_energy(tmp_path, emt_model):
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_nve_md_of_a_periodic_metal_conserves_energy(tmp_path, emt_model, architecture):
     from ase.build import bulk
 
+    if architecture != "soap_bpnn":
+        emt_model = train(
+            tmp_path / "model", EMT_DATA, "{key: energy, unit: eV, forces: on, stress: on}", 8, 64, architecture
+        )
     cell = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((3, 3, 3))
     ase.io.write(tmp_path / "copper.xyz", cell)
     drift = md_drift(emt_model, str(tmp_path / "copper.xyz"), steps=1000, temperature=300)

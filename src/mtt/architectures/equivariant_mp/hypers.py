@@ -8,7 +8,7 @@ from ...schema import option
 
 #: the most products per channel that one layer's many-body product may take:
 #: (max_l + 1)^(2 correlation) grows fast, and with it the memory and time of a step
-LARGEST_PRODUCT = 2**20
+LARGEST_PRODUCT = 2**14
 
 
 @dataclass
