@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def atomistic_model(
     its atoms interact and the devices its architecture runs on."""
     name = architecture.name
     dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
-    model = model.to("cpu").eval()
+    # a frozen copy: engines that call backward() on the energy (ASE's metatomic
+    # calculator) then compute the forces and not, needlessly, every weight's gradient
+    model = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
     outputs = {}
     for target, output in zip(info.targets.values(), model.output_names):
         outputs[output] = ModelOutput(
