@@ -92,6 +92,18 @@ def test_the_command_line_overrides_the_file(tmp_path, data_file):
     assert options.raw["architecture"]["training"]["num_epochs"] == 3
 
 
+def test_null_turns_an_optional_group_off(tmp_path, data_file):
+    # SOAP-BPNN has no final stage: null must not read as a stage with default values
+    options = compose(tmp_path, "training_set: data.xyz\n")
+    assert options.raw["architecture"]["training"]["final_stage"] is None
+    assert options.trainer_hypers.final_stage is None
+    assert options.trainer_hypers.final_stage_start() is None
+    # the message-passing defaults have one, and null on the command line removes it
+    text = "training_set: data.xyz\narchitecture: {name: equivariant_mp}\n"
+    assert compose(tmp_path, text).trainer_hypers.final_stage.learning_rate == 0.001
+    assert compose(tmp_path, text, ("architecture.training.final_stage=null",)).trainer_hypers.final_stage is None
+
+
 def test_the_last_of_repeated_overrides_wins(tmp_path, data_file):
     options = compose(tmp_path, "training_set: data.xyz\n", ("seed=3", "seed=4"))
     assert options.run.seed == 4

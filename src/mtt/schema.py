@@ -90,6 +90,8 @@ def _parse(annotation: Any, value: Any, path: str, problems: list[str]) -> Any:
     if annotation is Any:
         return value
     if origin in (Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(annotation):
+            return None  # null chooses None, not a dataclass of defaults
         for choice in typing.get_args(annotation):
             attempt: list[str] = []
             parsed = _parse(choice, value, path, attempt)
