@@ -79,7 +79,8 @@ for path in sorted(run_folder.rglob("*")):
 # --------------
 #
 # ``metrics.csv`` has one row per epoch. Its column names carry the units; energies are
-# shown per atom and in meV, as in the lines printed during training.
+# shown per atom and in meV, as in the lines printed during training. mtt draws it into
+# ``learning_curve.png`` in the run folder; here we plot two of its columns ourselves.
 
 with open(run_folder / "metrics.csv") as file:
     metrics = list(csv.DictReader(file))

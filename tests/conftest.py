@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EMT_DATA = ROOT / "examples" / "data" / "emt_metals.xyz"
-SHARED_DATA = ROOT.parent / "shared" / "data"
+#: ../shared beside the clone; MTT_SHARED points elsewhere (a clone in a worktree folder)
+SHARED_DATA = Path(os.environ.get("MTT_SHARED", ROOT.parent / "shared")) / "data"
 
 
 @pytest.fixture
@@ -42,7 +43,40 @@ def run_mtt(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None
     )
 
 
+#: the SOAP-BPNN model of the quick tests: small, trained in seconds on the EMT data
+SMALL_SOAP = "name: soap_bpnn\nmodel:\n  soap: {max_radial: 3, max_angular: 2}"
+
+
+def emt_options(
+    architecture: str,
+    training: str,
+    targets: str = "energy: {key: energy, unit: eV}",
+    seed: int | None = None,
+    validation: float = 0.1,
+) -> str:
+    """Options that train on the shipped EMT data: ``architecture`` is the block's body (name,
+    model), ``training`` the flow mapping of ``architecture.training``, ``targets`` the lines
+    of ``training_set.targets``."""
+    body = "".join(f"  {line}\n" for line in architecture.splitlines())
+    lines = "".join(f"    {line}\n" for line in targets.splitlines())
+    return (
+        (f"seed: {seed}\n" if seed is not None else "")
+        + f"architecture:\n{body}  training: {training}\n"
+        + f"training_set:\n  systems: {EMT_DATA}\n  targets:\n{lines}"
+        + f"validation_set: {validation}\ntest_set: 0.1\n"
+    )
+
+
 def write_options(folder: Path, text: str, name: str = "options.yaml") -> Path:
     path = folder / name
     path.write_text(text)
     return path
+
+
+def logged_test_errors(folder: Path) -> str:
+    """The test-set errors of the newest run under ``folder/outputs``, as its train.log has
+    them (the terminal shows them in the summary table)."""
+    runs = sorted(folder.glob("outputs/*/*/train.log"))
+    assert runs, f"no run under {folder}/outputs"
+    lines = [line.split(" INFO ", 1)[-1] for line in runs[-1].read_text().splitlines()]
+    return next(line for line in lines if line.startswith("test set"))

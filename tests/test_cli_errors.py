@@ -111,9 +111,24 @@ def test_typo_in_override(tmp_path, options):
     assert_nothing_written(tmp_path)
 
 
-def test_negative_cache_budget(tmp_path, options):
-    result = run_mtt("train", "options.yaml", "architecture.training.cache_memory_mb=-1", cwd=tmp_path)
-    assert_user_error(result, "'architecture.training'", "cache_memory_mb must be >= 0")
+def test_values_out_of_range_are_tied_to_their_keys(tmp_path, options):
+    result = run_mtt(
+        "train", "options.yaml", "architecture.training.cache_memory_mb=-1", "architecture.training.batch_size=0",
+        cwd=tmp_path,
+    )  # fmt: skip
+    stderr = assert_user_error(
+        result,
+        "2 problems in the options",
+        "'architecture.training.batch_size' must be >= 1, got 0",
+        "'architecture.training.cache_memory_mb' must be >= 0, got -1.0",
+    )
+    assert "'architecture.training':" not in stderr
+    assert_nothing_written(tmp_path)
+
+
+def test_an_option_without_its_section(tmp_path, options):
+    result = run_mtt("train", "options.yaml", "num_epochs=5", cwd=tmp_path)
+    assert_user_error(result, "unknown option 'num_epochs'. Did you mean 'architecture.training.num_epochs'?")
     assert_nothing_written(tmp_path)
 
 
@@ -227,6 +242,28 @@ def test_unknown_energy_unit(tmp_path, data_file):
     write_options(tmp_path, OPTIONS.replace("unit: eV", "unit: kcal/mole"))
     result = run_mtt("train", "options.yaml", cwd=tmp_path)
     assert_user_error(result, "'kcal/mole'", "'training_set.targets.energy.unit'", "Did you mean 'kcal/mol'", "Hartree")
+    assert_nothing_written(tmp_path)
+
+
+def test_every_unknown_unit_in_one_message(tmp_path, data_file):
+    text = OPTIONS.replace("unit: eV", "unit: kcal").replace(
+        "read_from: data.xyz", "read_from: data.xyz\n    length_unit: A0"
+    )
+    text = text.replace(
+        "validation_set: 0.25",
+        "validation_set:\n  systems: data.xyz\n  targets:\n    energy: {key: energy, unit: Hartre}",
+    )
+    write_options(tmp_path, text)
+    result = run_mtt("train", "options.yaml", "seed=zero", cwd=tmp_path)
+    stderr = assert_user_error(
+        result,
+        "4 problems in the options",
+        "unknown energy unit 'kcal' in 'training_set.targets.energy.unit'",
+        "unknown length unit 'A0' in 'training_set.systems.length_unit'",
+        "unknown energy unit 'Hartre' in 'validation_set.targets.energy.unit'. Did you mean 'Hartree'?",
+        "'seed' must be",
+    )
+    assert stderr.count("Known energy units: eV") == 2
     assert_nothing_written(tmp_path)
 
 
@@ -362,7 +399,8 @@ def test_restart_from_a_missing_checkpoint(tmp_path, options):
 def test_the_untruncated_checkpoint_restarts(tmp_path, options, real_checkpoint):
     """The control of the truncated case: the same file, whole, is accepted."""
     shutil.copyfile(real_checkpoint, tmp_path / "epoch_1.ckpt")
-    result = run_mtt("train", "options.yaml", "--restart", "epoch_1.ckpt", cwd=tmp_path)
+    more = "architecture.training.num_epochs=2"  # one more epoch: the run is complete at 1
+    result = run_mtt("train", "options.yaml", "--restart", "epoch_1.ckpt", more, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "continuing after epoch 1" in result.stdout
 

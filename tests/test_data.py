@@ -115,14 +115,12 @@ def test_length_units(tmp_path, cells, unit, factor):
 
 
 def test_unknown_length_unit(tmp_path, cells):
-    """Also given on the command line, on a file given in the short form."""
-    options = load_options(
-        write_options(tmp_path, "training_set: cells.xyz\n"), ["training_set.systems.length_unit=bhor"]
-    )
+    """Also given on the command line, on a file given in the short form; found with the
+    other problems of the options, before any data is read."""
     with pytest.raises(
         OptionsError, match="unknown length unit 'bhor' in 'training_set.systems.length_unit'. Did you mean 'bohr'"
     ):
-        load_splits(options.raw, tmp_path, 0)
+        load_options(write_options(tmp_path, "training_set: cells.xyz\n"), ["training_set.systems.length_unit=bhor"])
 
 
 def test_energies_keep_double_precision(tmp_path, shared_data):

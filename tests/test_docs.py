@@ -137,6 +137,16 @@ def test_examples_options_files_are_valid(path):
     assert options.run.architecture.name in architectures.available()
 
 
+def test_examples_run_on_the_data_of_the_repository():
+    """A fresh clone has no ../shared: the examples (and so the docs build) must not need it."""
+    for path in sorted(ROOT.glob("examples/*")):
+        if path.is_file() and path.suffix in (".py", ".yaml"):
+            assert "shared/" not in path.read_text(), f"{path.name} reads ../shared"
+    conf = (DOCS / "conf.py").read_text()
+    assert 'abort_on_example_error": True' in conf
+    assert "plot_" not in conf.split('"ignore_pattern"')[1].splitlines()[0], "no example is left out of the gallery"
+
+
 def test_examples_are_gallery_scripts():
     scripts = sorted(ROOT.glob("examples/plot_*.py"))
     assert scripts, "sphinx-gallery runs examples/plot_*.py"
@@ -144,3 +154,42 @@ def test_examples_are_gallery_scripts():
         text = script.read_text()
         assert text.startswith('"""'), f"{script.name} must start with a docstring (its title)"
         assert "tempfile" in text and "rmtree" in text, f"{script.name} must run in a temporary folder"
+
+
+def test_mtt_options_prints_every_option_with_its_default_and_doc(tmp_path):
+    from conftest import run_mtt
+
+    from mtt.data.options import DatasetOptions
+    from mtt.schema import walk_options
+
+    result = run_mtt("options", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    printed = " ".join(result.stdout.split())  # the docs are wrapped to the terminal
+    hypers = architectures.load("soap_bpnn").hypers_class
+    for cls, prefix in [
+        (RunOptions, ""),
+        (TrainerHypers, "architecture.training"),
+        (hypers, "architecture.model"),
+        (DatasetOptions, "training_set"),
+    ]:
+        for entry in walk_options(cls, prefix):
+            if entry.key in ("architecture", "distributed", "dataset"):
+                continue  # groups: their keys are listed
+            assert f"{entry.key}: " in printed, entry.key
+            assert " ".join(entry.doc.split()) in printed, entry.key
+    assert "architecture.training.num_epochs: 100 " in printed
+    assert "architecture.model.soap.cutoff.radius: 5.0 " in printed
+    assert "architecture.training.learning_rate: 0.01 " in printed
+    assert "architecture.training.final_stage: null " in printed
+
+    # an architecture's own training defaults are the ones shown
+    message_passing = " ".join(run_mtt("options", "equivariant_mp", cwd=tmp_path).stdout.split())
+    assert "architecture.training.learning_rate: 0.02 " in message_passing
+    assert "architecture.training.ema_decay: 0.99 " in message_passing
+    assert "architecture.training.final_stage.learning_rate: 0.001 " in message_passing
+    assert all(len(line) <= 80 for line in result.stdout.splitlines())
+
+    composition = run_mtt("options", "composition", cwd=tmp_path)
+    assert composition.returncode == 0 and "composition has none." in composition.stdout
+    wrong = run_mtt("options", "soap_bpn", cwd=tmp_path)
+    assert wrong.returncode == 2 and "Did you mean 'soap_bpnn'" in wrong.stderr

@@ -9,7 +9,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "mtt"
 
 #: from the bottom up; a module may import its own layer and those below it
 LAYERS = [
-    ("leaves", {"__init__", "errors", "schema", "outputs", "checkpoint"}),
+    (
+        "leaves",
+        {"__init__", "errors", "schema", "outputs", "terminal", "learning_curve", "metric_loggers", "checkpoint"},
+    ),
     ("launch and data", {"distributed", "data"}),
     ("models", {"architectures"}),
     ("training", {"training"}),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_mtt, write_options
+from conftest import logged_test_errors, run_mtt, write_options
 
 SMALL_SOAP = """
   model:
@@ -49,8 +49,10 @@ def test_train_writes_the_run_folder_and_the_model(tmp_path, emt_file):
     options = write_options(tmp_path, emt_options(emt_file, 2))
     result = run_mtt("train", str(options), "-o", "exported/potential.pt", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "test set (10 structures)" in result.stdout
-    assert re.search(r"forces rmse [\d.]+ meV/A", result.stdout)
+    test = logged_test_errors(tmp_path)
+    assert test.startswith("test set (10 structures)")
+    assert re.search(r"forces rmse [\d.]+ meV/A", test)
+    assert re.search(r"forces RMSE \[meV/A\] +[\d.]+ +[\d.]+", result.stdout), "the summary's validation and test"
 
     folder = run_folder(tmp_path)
     for name in [
@@ -107,10 +109,7 @@ def test_restart_gives_the_same_model_as_an_uninterrupted_run(tmp_path, emt_file
         torch.testing.assert_close(state["model_state"][name], value, rtol=1e-12, atol=1e-12)
     assert state["best_figure"] == pytest.approx(reference["best_figure"], rel=1e-12)
 
-    def test_line(output):
-        return [line for line in output.splitlines() if line.startswith("test set")]
-
-    assert test_line(resumed.stdout) == test_line(uninterrupted.stdout)
+    assert logged_test_errors(resumed_dir) == logged_test_errors(straight)
 
 
 def test_restart_auto_takes_the_highest_epoch_not_the_newest_file(tmp_path, emt_file):
@@ -129,7 +128,7 @@ def test_restart_auto_without_checkpoints_starts_from_scratch(tmp_path, emt_file
     options = write_options(tmp_path, emt_options(emt_file, 1))
     result = run_mtt("train", str(options), "--restart", "auto", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "no checkpoint under outputs/, starting from scratch" in result.stdout
+    assert "no checkpoint under outputs/ of a run with these options, starting from scratch" in result.stdout
 
 
 @pytest.mark.parametrize("architecture", ["composition", "soap_bpnn"])
@@ -179,7 +178,7 @@ validation_set: 0.1
     )
     result = run_mtt("train", str(options), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    test_line = next(line for line in result.stdout.splitlines() if line.startswith("test set"))
+    test_line = logged_test_errors(tmp_path)
     assert expected in test_line
     assert "nan" not in test_line
 

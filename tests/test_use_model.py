@@ -3,6 +3,8 @@ metatomic's own calculator, in fresh processes that never import mtt."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,7 +14,7 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-from conftest import EMT_DATA, ROOT, run_mtt, write_options
+from conftest import EMT_DATA, ROOT, logged_test_errors, run_mtt, write_options
 
 STORED_CHECKPOINT = ROOT / "tests" / "data" / "checkpoint-v1.ckpt"
 
@@ -210,10 +212,59 @@ def test_eval_writes_predictions_table_and_plots(tmp_path, emt_model):
 
 def test_eval_without_targets_only_predicts(tmp_path, emt_model):
     (tmp_path / "eval.yaml").write_text(f"systems: {EMT_DATA}\n")
-    result = run_mtt("eval", str(emt_model), "eval.yaml", cwd=tmp_path)
+    result = run_mtt("eval", str(emt_model), "eval.yaml", "--plots", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "quantity" not in result.stdout
+    assert "no parity plot: emt_metals.xyz gives no reference values (no targets)" in result.stdout
     assert len(ase.io.read(tmp_path / "predictions.xyz", ":")) == 100
+    assert not list(tmp_path.glob("*.png"))
+
+
+def _table(output: str) -> dict[str, float]:
+    """RMSE by quantity from the table `mtt eval` prints."""
+    rows = output[output.index("quantity") :].splitlines()[1:]
+    return {" ".join(row.split()[:-3]): float(row.split()[-3]) for row in rows if len(row.split()) >= 4}
+
+
+def test_eval_of_a_training_run_evaluates_its_test_set(tmp_path, emt_model):
+    folder = emt_model.parent
+    run = next(folder.glob("outputs/*/*"))
+    logged = logged_test_errors(folder)  # what training printed for its test set
+    expected = float(re.search(r"energy per atom rmse ([\d.]+) meV/atom", logged).group(1))
+
+    with_options = run_mtt("eval", str(emt_model), "options.yaml", "-o", str(tmp_path / "a.xyz"), cwd=folder)
+    assert with_options.returncode == 0, with_options.stderr
+    assert "unknown option" not in with_options.stdout + with_options.stderr
+    assert "the test set of options.yaml: 10 structures, split with its seed 5" in with_options.stdout
+    from_run = run_mtt("eval", str(run.relative_to(folder)), "-o", str(tmp_path / "b.xyz"), cwd=folder)
+    assert from_run.returncode == 0, from_run.stderr
+    assert f"the test set of the run {run.relative_to(folder)}: 10 structures of emt_metals.xyz" in from_run.stdout
+    checkpoint = run / "model.ckpt"
+    from_checkpoint = run_mtt("eval", str(checkpoint), "options.yaml", "-o", str(tmp_path / "c.xyz"), cwd=folder)
+    assert from_checkpoint.returncode == 0, from_checkpoint.stderr
+    assert "from its indices/test.txt" in from_checkpoint.stdout
+    for output in (with_options, from_run, from_checkpoint):
+        assert _table(output.stdout)["energy per atom"] == pytest.approx(expected, rel=1e-3)
+
+    # the predictions keep the reference values beside them, in eV and Å
+    frames = ase.io.read(tmp_path / "b.xyz", ":")
+    reference = ase.io.read(EMT_DATA, ":")
+    test = [int(line.split("\t")[1]) for line in (run / "indices" / "test.txt").read_text().splitlines()]
+    assert len(frames) == len(test) == 10
+    for atoms, index in zip(frames, test):
+        assert atoms.info["reference_energy"] == pytest.approx(reference[index].get_potential_energy())
+        np.testing.assert_allclose(atoms.arrays["reference_forces"], reference[index].get_forces(), atol=1e-8)
+        assert "energy" in atoms.calc.results  # the prediction
+
+
+def test_eval_of_training_options_without_a_seed_asks_for_the_run(tmp_path, emt_model):
+    text = (emt_model.parent / "options.yaml").read_text().replace("seed: 5\n", "")
+    write_options(tmp_path, text)
+    shutil.copy(emt_model, tmp_path / "copy.pt")
+    result = run_mtt("eval", "copy.pt", "options.yaml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "sets no seed, so its test set cannot be drawn again" in result.stderr
+    assert "Give the run folder" in result.stderr
 
 
 def test_eval_refuses_unknown_elements_and_targets(tmp_path, emt_model):
@@ -283,7 +334,7 @@ def test_export_refuses_bad_checkpoints_and_writes_nothing(tmp_path, kind):
     path = tmp_path / "bad.ckpt"
     if kind == "newer":
         content = torch.load(STORED_CHECKPOINT, weights_only=True)
-        content["version"] = 99
+        content["version"], content["mtt_version"] = 99, "9.1.0"
         torch.save(content, path)
     elif kind == "truncated":
         path.write_bytes(STORED_CHECKPOINT.read_bytes()[:5000])
@@ -310,6 +361,8 @@ def test_export_refuses_bad_checkpoints_and_writes_nothing(tmp_path, kind):
         "pickle": "not a readable mtt checkpoint",
     }[kind]
     assert message in result.stderr
+    if kind == "newer":  # mtt is not on the package index: no pip install --upgrade mtt
+        assert "(mtt 9.1.0)" in result.stderr and "pip install" not in result.stderr
     assert not (tmp_path / "model.pt").exists()
     assert not (tmp_path / "extensions").exists()
     assert not (tmp_path / "pwned").exists()

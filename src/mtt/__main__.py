@@ -23,6 +23,7 @@ class RunContext:
 
     run_folder: Path | None = None
     environment: object | None = None  # mtt.distributed.DistributedEnvironment, once set up
+    arguments: list[str] | None = None  # the command line after `mtt`, as given
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train machine-learning models of atoms from a short YAML file.",
     )
     parser.add_argument("--version", action="version", version=f"mtt {__version__}")
+    # --debug before the command too (`mtt --debug train ...`); its own name, because the
+    # command's default would otherwise overwrite it
+    parser.add_argument("--debug", action="store_true", dest="debug_first", help="print the full traceback of errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # options every command takes
     common = argparse.ArgumentParser(add_help=False)
@@ -40,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         parents=[common],
         help="train a model from an options file",
-        description="Train a model. Overrides after the file use Hydra's syntax, e.g. "
-        "`mtt train options.yaml architecture.training.num_epochs=5 seed=3 distributed=true`.",
+        description="Train a model. Overrides use Hydra's syntax and may come before or after the "
+        "other arguments, e.g. `mtt train options.yaml architecture.training.num_epochs=5 seed=3 "
+        "distributed=true` or `mtt train options.yaml --restart auto architecture.training.num_epochs=25`.",
     )
     train.add_argument("options", help="the options file (YAML)")
     train.add_argument("overrides", nargs="*", help="key=value overrides of the options")
@@ -51,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--restart",
         metavar="CHECKPOINT",
-        help="continue from a checkpoint, or 'auto' for the one with the highest epoch under outputs/",
+        help="continue from a checkpoint, or 'auto': the latest checkpoint under outputs/ of a run with these options",
     )
 
     export = commands.add_parser(
@@ -68,17 +73,35 @@ def build_parser() -> argparse.ArgumentParser:
         "eval",
         parents=[common],
         help="evaluate a model on datasets: errors, predictions, parity plots",
-        description="Predict with a trained model (model.pt or a checkpoint) on the datasets of "
-        "an options file (one dataset block, or a list of them; targets optional), print the "
-        "errors and write the predictions as extended XYZ.",
+        description="Predict with a trained model (model.pt, a checkpoint or a run folder) on the datasets "
+        "of an options file (one dataset block, or a list of them; targets optional), or on the test set "
+        "of a training run (a training options file, or nothing for the run folder's own test set), print "
+        "the errors and write the predictions, with the reference values, as extended XYZ.",
     )
-    evaluate.add_argument("model", help="an exported model (.pt) or an mtt checkpoint (.ckpt)")
-    evaluate.add_argument("options", help="YAML file with the dataset(s) to evaluate on")
+    evaluate.add_argument("model", help="an exported model (.pt), an mtt checkpoint (.ckpt) or a run folder")
+    evaluate.add_argument(
+        "options",
+        nargs="?",
+        help="YAML file with the dataset(s) to evaluate on, or a training options file (its test set); "
+        "default: the test set of the model's run folder",
+    )
     evaluate.add_argument(
         "-o", "--output", default="predictions.xyz", help="predictions file (default: predictions.xyz)"
     )
     evaluate.add_argument("--plots", action="store_true", help="write a parity plot (PNG) per target")
     evaluate.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")
+
+    options = commands.add_parser(
+        "options",
+        parents=[common],
+        help="list every option with its default and documentation",
+        description="Print every option of `mtt train` (top level, the architecture's model hyperparameters, "
+        "the training hyperparameters, datasets, distributed training) with its type, default and "
+        "documentation.",
+    )
+    options.add_argument(
+        "architecture", nargs="?", help="the architecture whose model hyperparameters to list (default: soap_bpnn)"
+    )
     return parser
 
 
@@ -95,16 +118,34 @@ def run_command(args: argparse.Namespace, context: RunContext) -> None:
         from .commands.eval import evaluate
 
         evaluate(args.model, args.options, args.output, args.plots, args.batch_size)
+    elif args.command == "options":
+        from .commands.options import show_options
+
+        show_options(args.architecture)
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with `mtt train`'s overrides taken wherever they are: argparse
+    alone stops collecting them at the first flag (``--restart auto``)."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        if args.command == "train" and not any(extra.startswith("-") for extra in extras):
+            args.overrides = list(args.overrides) + extras
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    args.debug = getattr(args, "debug", False) or args.debug_first
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    context = RunContext()
+    args = parse_arguments(argv)
+    context = RunContext(arguments=list(sys.argv[1:] if argv is None else argv))
     try:
         run_command(args, context)
         return 0
-    except KeyboardInterrupt:
-        print("mtt: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupted:
+        print(f"mtt: interrupted{': ' + str(interrupted) if str(interrupted) else ''}", file=sys.stderr)
         return 130
     except Exception as error:
         return report(error, context, args.debug)

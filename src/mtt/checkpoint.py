@@ -78,9 +78,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         )
     version = content.get("version")
     if not isinstance(version, int) or version > VERSION:
+        writer = content.get("mtt_version")
         raise CheckpointError(
             f"'{path}' has checkpoint version {version}, newer than this mtt ({__version__}) reads (up to {VERSION}).",
-            hint="Upgrade mtt to use it: pip install --upgrade mtt.",
+            hint=f"Use it with the mtt that wrote it{f' (mtt {writer})' if isinstance(writer, str) else ''} or a "
+            "newer one: install it from its source, as this one was.",
         )
     while content["version"] < VERSION:
         content = UPGRADES[content["version"]](content)

@@ -5,14 +5,12 @@ from __future__ import annotations
 import csv
 import datetime
 import logging
-import math
 import sys
-import time
 import traceback
 from pathlib import Path
 
 LOGGER = logging.getLogger("mtt")
-#: writes to the run's log file only (progress lines while a bar is on the terminal)
+#: writes to the run's log file only (the full epoch lines, while the terminal shows a table)
 FILE_LOGGER = logging.getLogger("mtt_file")
 
 
@@ -35,7 +33,9 @@ def setup_logging(log_file: Path | None, verbose: bool = True) -> None:
         logger.setLevel(logging.INFO)
         logger.propagate = False
     if verbose:
-        console = logging.StreamHandler(sys.stdout)
+        from .terminal import ConsoleHandler  # clears the step bar of the terminal first
+
+        console = ConsoleHandler(sys.stdout)
         console.setFormatter(logging.Formatter("%(message)s"))
         LOGGER.addHandler(console)
     if log_file is not None:
@@ -60,11 +60,15 @@ def display(value: float, unit: str) -> tuple[float, str]:
 
 
 class MetricsCsv:
-    """One row per epoch, columns named with their units."""
+    """One row per epoch, columns named with their units; rows are added to a file that
+    exists (a restarted run's, which starts with the history of the run it continues)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.columns: list[str] | None = None
+        if path.is_file():
+            with open(path, newline="") as handle:
+                self.columns = next(csv.reader(handle), None)
 
     def write(
         self, epoch: int, seconds: float, learning_rate: float, sets: dict[str, dict[str, float]], units: dict[str, str]
@@ -93,49 +97,28 @@ def format_metrics(metrics: dict[str, float], units: dict[str, str], with_mae: b
     return ", ".join(parts)
 
 
-class Progress:
-    """A progress bar on a terminal; plain lines with throughput and ETA in a file."""
-
-    def __init__(self, total_epochs: int, first_epoch: int, n_structures: int, log_interval: int):
-        self.total = total_epochs
-        self.first = first_epoch
-        self.n_structures = n_structures
-        self.log_interval = log_interval
-        self.start = time.monotonic()
-        self.bar = None
-        if sys.stdout.isatty() and total_epochs > first_epoch:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total_epochs, initial=first_epoch, unit="epoch", dynamic_ncols=True)
-
-    def epoch_done(self, epoch: int, summary: str) -> None:
-        elapsed = time.monotonic() - self.start
-        done = epoch - self.first
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix_str(summary, refresh=True)
-            FILE_LOGGER.info("epoch %d/%d: %s", epoch, self.total, summary)
-            return
-        if epoch % self.log_interval and epoch != self.total:
-            return
-        rate = done * self.n_structures / elapsed if elapsed > 0 else math.nan
-        eta = elapsed / done * (self.total - epoch) if done else math.nan
-        LOGGER.info(
-            "epoch %d/%d: %s | %.1f structures/s, ETA %s",
-            epoch,
-            self.total,
-            summary,
-            rate,
-            _duration(eta),
-        )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def continue_metrics(previous: Path, path: Path, last_epoch: int) -> None:
+    """Start ``path`` with the rows of ``previous`` (the metrics of the run a restart
+    continues) up to ``last_epoch``, so that a run's metrics cover its whole history."""
+    if not previous.is_file() or last_epoch < 1:
+        return
+    with open(previous, newline="") as handle:
+        rows = list(csv.reader(handle))
+    if not rows or "epoch" not in rows[0]:
+        return
+    column = rows[0].index("epoch")
+    kept = [row for row in rows[1:] if len(row) > column and row[column].isdigit() and int(row[column]) <= last_epoch]
+    with open(path, "w", newline="") as handle:
+        csv.writer(handle).writerows([rows[0], *kept])
 
 
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+def keep_previous(path: Path) -> Path | None:
+    """Move the file at ``path`` aside, to ``<stem>.<N><suffix>`` (the first free N, so
+    higher numbers are more recent), before something else is written there."""
+    if not path.exists():
+        return None
+    number = 1
+    while (kept := path.with_name(f"{path.stem}.{number}{path.suffix}")).exists():
+        number += 1
+    path.rename(kept)
+    return kept

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Iterator, Literal, Union
+
+import yaml
 
 from .errors import OptionsProblems, did_you_mean
 
@@ -53,6 +55,70 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, list):
         return [to_plain(v) for v in value]
     return value
+
+
+@dataclasses.dataclass
+class OptionEntry:
+    """One option of a walk over the option dataclasses (:func:`walk_options`): what the
+    options reference of the docs and `mtt options` show."""
+
+    key: str  # dotted, as users write it: architecture.training.batch_size
+    type: str  # in words: int, 'mse' | 'mae', mapping of str to float, ...
+    default: Any  # the default value, REQUIRED when the option has none
+    doc: str
+    depth: int  # 0 for the fields of the class walked, 1 for those of a nested one, ...
+    nested: bool  # its keys are listed after it (a group of options)
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def default_yaml(self) -> str:
+        """The default as it is written in YAML."""
+        text = yaml.safe_dump(to_plain(self.default), default_flow_style=True, allow_unicode=True).strip()
+        return text.removesuffix("\n...")
+
+
+def _nested_dataclass(annotation: Any) -> tuple[type | None, str]:
+    """The dataclass whose keys go below an option, and the key segment before them: a
+    dataclass field nests its keys directly, a union with one (``loss: mse`` or ``loss:
+    {type: mse}``) too, and ``dict[str, Dataclass]`` nests them under ``<name>``."""
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return annotation, ""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        for choice in typing.get_args(annotation):
+            if isinstance(choice, type) and dataclasses.is_dataclass(choice):
+                return choice, ""
+    if origin is dict:
+        _, value = typing.get_args(annotation)
+        if isinstance(value, type) and dataclasses.is_dataclass(value):
+            return value, "<name>"
+    return None, ""
+
+
+def walk_options(
+    cls: type, prefix: str = "", type_names: dict[str, str] | None = None, depth: int = 0
+) -> Iterator[OptionEntry]:
+    """Every option of ``cls``, in the order of the code, nested dataclasses expanded;
+    ``type_names`` names the type of options declared as ``Any`` (parsed elsewhere)."""
+    names = type_names or {}
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key = f"{prefix}.{field.name}" if prefix else field.name
+        annotation = hints[field.name]
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = REQUIRED
+        nested, segment = _nested_dataclass(annotation)
+        has_keys = nested is not None and bool(dataclasses.fields(nested))
+        kind = names.get(key) or ("any" if annotation is Any else describe_type(annotation))
+        yield OptionEntry(key, kind, default, field.metadata.get("doc", ""), depth, has_keys)
+        if has_keys:
+            yield from walk_options(nested, f"{key}.{segment}" if segment else key, names, depth + 1)
 
 
 def parse_options(cls: type, data: Any, path: str) -> Any:
@@ -174,5 +240,8 @@ def _parse_dataclass(cls: type, value: Any, path: str, problems: list[str]) -> A
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
-        problems.append(f"'{path}': {error}")
+        # a check of __post_init__: a line that starts with an option's name is tied to its key
+        for line in str(error).splitlines():
+            name, _, rest = line.partition(" ")
+            problems.append(f"'{prefix}{name}' {rest}" if name in fields and rest else f"'{path}': {line}")
         return None

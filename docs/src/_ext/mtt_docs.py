@@ -26,10 +26,9 @@ import re
 import shlex
 import shutil
 import tempfile
-import types
 import typing
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Iterator
 
 import yaml
 
@@ -49,76 +48,27 @@ class Entry:
     depth: int
 
 
-def _is_dataclass_type(annotation: Any) -> bool:
-    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
-
-
-def _nested_dataclass(annotation: Any) -> tuple[type | None, str]:
-    """The dataclass whose keys go below this option, and the key segment before them.
-
-    A dataclass field nests its keys directly; a union with a dataclass (``loss: mse``
-    or ``loss: {type: mse}``) too; ``dict[str, Dataclass]`` nests them under ``<name>``.
-    """
-    if _is_dataclass_type(annotation):
-        return annotation, ""
-    origin = typing.get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        for choice in typing.get_args(annotation):
-            if _is_dataclass_type(choice):
-                return choice, ""
-    if origin is dict:
-        _, value = typing.get_args(annotation)
-        if _is_dataclass_type(value):
-            return value, "<name>"
-    return None, ""
-
-
-def format_default(field: dataclasses.Field) -> tuple[str, bool]:
-    """The default as a user would write it in YAML, and whether the option is required."""
-    if field.default is not dataclasses.MISSING:
-        value = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-        value = field.default_factory()
-    else:
-        return "required", True
-    if dataclasses.is_dataclass(value):
-        return "see the keys below", False
-    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip()
-    if text.endswith("\n..."):
-        text = text[: -len("\n...")]
-    return f"``{text}``", False
-
-
-def format_type(annotation: Any, overrides: dict[str, str], key: str) -> str:
-    from mtt.schema import describe_type
-
-    if key in overrides:
-        return overrides[key]
-    if annotation is Any:
-        return "any"
-    return describe_type(annotation)
-
-
 def walk(cls: type, prefix: str = "", type_overrides: dict[str, str] | None = None, depth: int = 0) -> Iterator[Entry]:
-    """Every option of ``cls``, in the order of the code, nested dataclasses expanded."""
-    overrides = type_overrides or {}
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        key = f"{prefix}.{field.name}" if prefix else field.name
-        annotation = hints[field.name]
-        default, required = format_default(field)
-        default = DEFAULT_OVERRIDES.get(key, default)
+    """Every option of ``cls``, in the order of the code (:func:`mtt.schema.walk_options`,
+    which `mtt options` prints too), with its default as reStructuredText."""
+    from mtt.config.options import DEFAULT_NAMES, TYPE_NAMES
+    from mtt.schema import walk_options
+
+    for option in walk_options(cls, prefix, {**TYPE_NAMES, **(type_overrides or {})}, depth):
+        if option.required:
+            default = "required"
+        elif dataclasses.is_dataclass(option.default):
+            default = "see the keys below"
+        else:
+            default = f"``{option.default_yaml()}``"
         yield Entry(
-            key=key,
-            type=format_type(annotation, overrides, key),
-            default=default,
-            doc=field.metadata.get("doc", ""),
-            required=required,
-            depth=depth,
+            key=option.key,
+            type=option.type,
+            default=DEFAULT_NAMES.get(option.key, default),
+            doc=option.doc,
+            required=option.required,
+            depth=option.depth,
         )
-        nested, segment = _nested_dataclass(annotation)
-        if nested is not None and dataclasses.fields(nested):
-            yield from walk(nested, f"{key}.{segment}" if segment else key, overrides, depth + 1)
 
 
 def _inline(text: str) -> str:
@@ -146,21 +96,6 @@ def _section(title: str, underline: str) -> list[str]:
 
 
 # -- the options file ---------------------------------------------------------------------
-#: types of the options that the dataclasses declare as ``Any`` (parsed elsewhere)
-TYPE_OVERRIDES = {
-    "training_set": "path | dataset block | list of dataset blocks",
-    "validation_set": "float | path | dataset block | list of dataset blocks",
-    "test_set": "float | path | dataset block | list of dataset blocks",
-    "architecture.model": "mapping",
-    "architecture.training": "mapping",
-}
-#: defaults of the options whose dataclass default is not what a run starts from
-DEFAULT_OVERRIDES = {
-    "architecture.model": "the architecture's",
-    "architecture.training": "see the keys below",
-}
-
-
 def options_reference() -> str:
     """The reference of every option of the options file, as reStructuredText."""
     from mtt.config.options import ArchitectureOptions, DatasetDefaults, DistributedOptions, RunOptions
@@ -168,7 +103,7 @@ def options_reference() -> str:
     from mtt.data.options import DatasetOptions
     from mtt.training.hypers import TrainerHypers
 
-    top = {e.key: e for e in walk(RunOptions, type_overrides=TYPE_OVERRIDES) if e.depth == 0}
+    top = {e.key: e for e in walk(RunOptions) if e.depth == 0}
     lines: list[str] = []
 
     lines += _section("Top level", "-")
@@ -181,7 +116,7 @@ def options_reference() -> str:
 
     lines += _section("Architecture", "-")
     lines += confvals([top["architecture"]])
-    lines += confvals(walk(ArchitectureOptions, "architecture", TYPE_OVERRIDES))
+    lines += confvals(walk(ArchitectureOptions, "architecture"))
     lines += [
         "The keys of ``architecture.model`` depend on the architecture: see :doc:`architectures/index`",
         "for each one's. ``architecture.training`` holds the training hyperparameters below, the same",
@@ -430,7 +365,7 @@ def run_failure(command: str, files: dict[str, str]) -> tuple[int, str]:
 class ExampleOrder:
     """Sort key of the gallery: the introductory example first, then the others by name."""
 
-    FIRST = ["plot_train_emt.py", "plot_md_ethanol.py"]
+    FIRST = ["plot_train_emt.py", "plot_md_metals.py"]
 
     def __init__(self, src_dir: str):
         self.src_dir = src_dir

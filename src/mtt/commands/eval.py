@@ -12,19 +12,18 @@ import torch
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.data import chemical_symbols
 
-from ..config.files import read_yaml
 from ..data.batching import Batch, batch_indices, compute_neighbor_lists, make_batch
 from ..data.dataset import DatasetInfo
-from ..data.options import parse_dataset_list
-from ..data.readers import Structure, read_dataset
+from ..data.readers import Structure
 from ..errors import DataError, EnvironmentProblem
 from ..inference import EvaluatedModel, load_trained_model
 from ..outputs import LOGGER, display, setup_logging
 from ..training.loss import Metrics, Term, terms_of
 from ..training.predictions import Predictions, predict
+from .eval_sets import sets_to_evaluate
 
 
-def _check_elements(model: EvaluatedModel, structures: list[Structure], path: Path) -> None:
+def _check_elements(model: EvaluatedModel, structures: list[Structure], path: str) -> None:
     known = set(model.atomic_types)
     for index, structure in enumerate(structures):
         unknown = sorted({int(t) for t in structure.types} - known)
@@ -85,29 +84,27 @@ def _parity_plot(reference: torch.Tensor, predicted: torch.Tensor, term: Term, r
     plt.close(figure)
 
 
-def evaluate(model_path: str, options_path: str, output: str, plots: bool, batch_size: int) -> None:
+def evaluate(model_path: str, options_path: str | None, output: str, plots: bool, batch_size: int) -> None:
     setup_logging(None)
-    model = load_trained_model(model_path)
-    options_file = Path(options_path)
-    blocks = parse_dataset_list(read_yaml(options_file), "eval")  # one block or a list
+    model_file, sets = sets_to_evaluate(model_path, options_path)
+    model = load_trained_model(model_file)
     output_path = Path(output)
-    for number, block in enumerate(blocks):
-        where = "eval" if len(blocks) == 1 else f"eval[{number}]"
-        structures, targets, path = read_dataset(block, options_file.parent, where)
-        reference = DatasetInfo(atomic_types=model.atomic_types, targets={t.name: t for t in targets})
-        _check_elements(model, structures, path)
-        _check_targets(model, reference, str(options_file))
+    for number, chosen in enumerate(sets):
+        LOGGER.info("evaluating %s on %s", model_file, chosen.description)
+        reference = DatasetInfo(atomic_types=model.atomic_types, targets={t.name: t for t in chosen.targets})
+        _check_elements(model, chosen.structures, chosen.source)
+        _check_targets(model, reference, options_path or model_path)
         target_file = output_path
-        if len(blocks) > 1:
+        if len(sets) > 1:
             target_file = output_path.with_name(f"{output_path.stem}_{number}{output_path.suffix}")
-        _evaluate_dataset(model, structures, reference, path, target_file, plots, batch_size)
+        _evaluate_dataset(model, chosen.structures, reference, chosen.name, target_file, plots, batch_size)
 
 
 def _evaluate_dataset(
     model: EvaluatedModel,
     structures: list[Structure],
     reference: DatasetInfo,
-    path: Path,
+    name: str,
     target_file: Path,
     plots: bool,
     batch_size: int,
@@ -125,7 +122,7 @@ def _evaluate_dataset(
     if sys.stdout.isatty() and len(batches) > 1:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(structures), unit="structure", desc=f"evaluating {path.name}")
+        bar = tqdm(total=len(structures), unit="structure", desc=f"evaluating {name}")
     for count, indices in enumerate(batches, start=1):
         chosen = [structures[i] for i in indices]
         batch = make_batch(chosen, model.dtype, torch.device("cpu"), needs_forces, needs_stress, flat=False)
@@ -137,7 +134,7 @@ def _evaluate_dataset(
         for term in terms:
             pairs[term.label][0].append(_flat(term, getattr(batch, term.kind)[term.target], batch))
             pairs[term.label][1].append(_flat(term, getattr(predictions, term.kind)[term.target], batch))
-        frames.extend(_frames_of(chosen, predictions, info))
+        frames.extend(_frames_of(chosen, predictions, info, reference))
         if bar is not None:
             bar.update(len(chosen))
         elif len(batches) >= 10 and count % (len(batches) // 10) == 0:
@@ -150,7 +147,7 @@ def _evaluate_dataset(
     ase.io.write(target_file, frames, format="extxyz")
     LOGGER.info(
         "%s: %d structures in %.2f s (%.1f structures/s); predictions written to %s",
-        path.name,
+        name,
         len(structures),
         elapsed,
         len(structures) / max(elapsed, 1e-9),
@@ -158,6 +155,12 @@ def _evaluate_dataset(
     )
     if terms:
         _print_table(metrics)
+    if plots and not terms:
+        LOGGER.info(
+            "no parity plot: %s gives no reference values (no targets), so there is nothing to plot the "
+            "predictions against; name the targets of the file in the options to get one",
+            name,
+        )
     if plots and terms:
         results = metrics.results()
         for term in terms:
@@ -175,7 +178,11 @@ def _flat(term: Term, values: torch.Tensor, batch: Batch) -> torch.Tensor:
     return values.reshape(-1)
 
 
-def _frames_of(structures: list[Structure], predictions: Predictions, info: DatasetInfo) -> list[ase.Atoms]:
+def _frames_of(
+    structures: list[Structure], predictions: Predictions, info: DatasetInfo, reference: DatasetInfo
+) -> list[ase.Atoms]:
+    """The structures with the predictions (energy, forces and stress as ASE's results) and,
+    beside them, the reference values of the dataset as reference_<name> (in eV and Å)."""
     frames, first_atom = [], 0
     for i, structure in enumerate(structures):
         values = {}
@@ -187,7 +194,16 @@ def _frames_of(structures: list[Structure], predictions: Predictions, info: Data
             if name in predictions.stress:
                 values[f"{prefix}stress"] = predictions.stress[name][i].numpy()
         first_atom += len(structure)
-        frames.append(_to_atoms(structure, values))
+        atoms = _to_atoms(structure, values)
+        for name in reference.targets:
+            prefix = "" if name == "energy" else f"{name}_"
+            if name in structure.values:
+                atoms.info[f"reference_{name}"] = float(structure.values[name].reshape(()))
+            if name in structure.forces:
+                atoms.arrays[f"reference_{prefix}forces"] = structure.forces[name].numpy()
+            if name in structure.stress:
+                atoms.info[f"reference_{prefix}stress"] = structure.stress[name].numpy()
+        frames.append(atoms)
     return frames
 
 

@@ -4,51 +4,42 @@ Trainer -> checkpoint -> export."""
 from __future__ import annotations
 
 import resource
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from ase.data import chemical_symbols
 
 from .. import architectures, distributed
 from ..config import ComposedOptions, load_options
 from ..data.batching import check_cutoff, compute_neighbor_lists
-from ..data.dataset import DatasetInfo, Splits, load_splits
+from ..data.dataset import Splits, load_splits
 from ..errors import CheckpointError
-from ..export import export_model
-from ..outputs import LOGGER, format_metrics, new_run_folder, setup_logging
+from ..metric_loggers import check_loggers, open_loggers
+from ..outputs import (
+    FILE_LOGGER,
+    LOGGER,
+    continue_metrics,
+    format_metrics,
+    new_run_folder,
+    setup_logging,
+)
 from ..schema import to_plain
+from ..terminal import print_summary, summary_lines
 from ..training.composition import fit_baseline
+from ..training.loss import Metrics
 from ..training.state import RunIdentity, TrainingState
 from ..training.trainer import Trainer
-from .restart import find_latest_checkpoint
+from .restart import Restart, check_restart_data, is_complete, prepare_restart, say_complete
+from .run_files import deliver, how_it_trains, write_run_files
 
 if TYPE_CHECKING:
     from ..__main__ import RunContext
 
 
-def _restart_from(restart: str | None) -> tuple[TrainingState | None, Path | str | None]:
-    """The state to continue from, and its checkpoint's path (None, None for a new run)."""
-    if restart is None:
-        return None, None
-    if restart == "auto":
-        found = find_latest_checkpoint(Path("outputs"))
-        if found is None:
-            LOGGER.info("--restart auto: no checkpoint under outputs/, starting from scratch")
-            return None, None
-        return TrainingState.load(found), found
-    return TrainingState.load(restart), restart
-
-
-def _write_run_files(folder: Path, options: ComposedOptions, splits: Splits) -> None:
-    (folder / "options.yaml").write_text(options.to_yaml())
-    indices = folder / "indices"
-    indices.mkdir()
-    for name, origins in splits.origins.items():
-        (indices / f"{name}.txt").write_text("".join(f"{path}\t{i}\n" for path, i in origins))
-
-
-def train(options_path: str, overrides: list[str], output: str, restart: str | None, context: RunContext) -> None:
+def train(
+    options_path: str, overrides: list[str], output: str, restart_request: str | None, context: RunContext
+) -> None:
     setup_logging(None)
     options = load_options(options_path, overrides)
     run = options.run
@@ -56,33 +47,29 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
     context.environment = environment
     main = environment.is_main
     setup_logging(None, verbose=main)
+    for note in options.notes:
+        LOGGER.info("note: %s", note)
     dtype = torch.float64 if run.base_precision == 64 else torch.float32
     architecture = architectures.load(run.architecture.name)
     architecture.check_capabilities(environment.device.type, str(dtype).removeprefix("torch."))
 
-    restarted, restart_path = _restart_from(restart)
-    if restarted is not None and restarted.identity.architecture != run.architecture.name:
-        raise CheckpointError(
-            f"the checkpoint is of architecture '{restarted.identity.architecture}', but the options "
-            f"ask for '{run.architecture.name}'.",
-            hint="Restart with the options of that run (options.yaml in its run folder).",
-        )
+    check_loggers(run.loggers)
+    restart = prepare_restart(restart_request, options, Path(options_path), environment.world_size)
+    hypers = options.trainer_hypers
+    if restart is not None and is_complete(restart.state, hypers.num_epochs, hypers.early_stopping_patience):
+        say_complete(restart, hypers.num_epochs)
+        environment.shutdown()
+        return
 
     torch.manual_seed(run.seed)
     splits = load_splits(options.raw, Path(options_path).parent, run.seed)
     info = splits.info
-    if restarted is not None:
-        saved = DatasetInfo.from_dict(restarted.identity.dataset_info)
-        if saved.to_dict() != info.to_dict():
-            raise CheckpointError(
-                "the checkpoint was trained on other elements or targets than these options give "
-                f"(checkpoint: elements {saved.atomic_types}, targets {list(saved.targets)}; now: "
-                f"elements {info.atomic_types}, targets {list(info.targets)}).",
-                hint="Restart with the same datasets as the interrupted run.",
-            )
+    if restart is not None:
+        check_restart_data(restart, splits)
 
+    model_hypers = options.model_hypers if restart is None else restart.model_hypers  # the checkpoint's model
     with architectures.blame_architecture(architecture):
-        model = architecture.model_class(options.model_hypers, info).to(device=environment.device, dtype=dtype)
+        model = architecture.model_class(model_hypers, info).to(device=environment.device, dtype=dtype)
         requests = model.requested_neighbor_lists()
     compute_neighbor_lists(splits.train + splits.validation + splits.test, requests)
     check_cutoff(splits.train, requests)
@@ -93,26 +80,74 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
     if main:
         setup_logging(folder / "train.log")
         LOGGER.info("run folder: %s", folder)
+        for note in options.notes:
+            FILE_LOGGER.info("note: %s", note)
         LOGGER.info("distributed: %s", environment.describe())
-        _write_run_files(folder, options, splits)
+        write_run_files(folder, options, options_path, context.arguments or [], splits)
         LOGGER.info(
-            "%d training, %d validation, %d test structures; elements %s; targets %s",
+            "%d training, %d validation, %d test structures of %s",
             len(splits.train),
             len(splits.validation),
             len(splits.test),
-            info.atomic_types,
+            ", ".join(chemical_symbols[z] for z in info.atomic_types),
+        )
+        LOGGER.info(
+            "learning %s",
             ", ".join(
                 f"{t.name} [{t.unit}]" + (" + forces" if t.forces else "") + (" + stress" if t.stress else "")
                 for t in info.targets.values()
             ),
         )
+        LOGGER.info("training: %s", how_it_trains(hypers, environment.world_size))
 
-    trainer = Trainer(options.trainer_hypers, architecture, info, environment, dtype, run.seed)
-    hypers = options.trainer_hypers
+    loggers = open_loggers(run.loggers, folder, options.raw) if main else []
+    try:
+        trainer = Trainer(hypers, architecture, info, environment, dtype, run.seed, loggers)
+        state = _initial_state(restart, options, model, model_hypers, splits, trainer, environment)
+        if main and restart is not None and restart.run_folder is not None:
+            continue_metrics(restart.run_folder / "metrics.csv", folder / "metrics.csv", state.epoch)
+        state = trainer.fit(model, splits.train, splits.validation, state, folder)
+        if main:
+            state.save(folder / "model.ckpt", model)
+
+        model.load_state_dict(state.best_model_state)
+        test = None
+        if splits.test:
+            metrics = trainer.evaluate(model, splits.test, None)
+            test = metrics.results()
+            FILE_LOGGER.info("test set (%d structures): %s", len(splits.test), format_metrics(test, metrics.units()))
+        files = deliver(model, info, architecture, folder, Path(output), state.best_epoch) if main else []
+        files += [(logger.title, logger.where()) for logger in loggers]
+    finally:
+        for logger in loggers:
+            logger.close()
+    peak = environment.all_reduce_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    files.append(("peak memory", f"{peak:.0f} MB" + (" (largest rank)" if environment.enabled else "")))
+    if main:
+        units = Metrics(trainer.terms).units()
+        lines = summary_lines(
+            state.best_epoch, state.epoch, hypers.best_model_metric, state.best_validation, test, units, files
+        )
+        print_summary(lines)
+    environment.shutdown()
+
+
+def _initial_state(
+    restart: Restart | None,
+    options: ComposedOptions,
+    model: torch.nn.Module,
+    model_hypers: object,
+    splits: Splits,
+    trainer: Trainer,
+    environment: distributed.DistributedEnvironment,
+) -> TrainingState:
+    """A new run's state (with the fitted baseline), or the checkpoint's, its weights loaded."""
+    info, hypers = splits.info, options.trainer_hypers
+    architecture = trainer.architecture
     identity = RunIdentity(
-        architecture.name, to_plain(options.model_hypers), info.to_dict(), options.raw, architecture.checkpoint_version
+        architecture.name, to_plain(model_hypers), info.to_dict(), options.raw, architecture.checkpoint_version
     )
-    if restarted is None:
+    if restart is None:
         state = TrainingState(identity)
         trainer.adapt(model, splits.train)
         state.spreads = fit_baseline(
@@ -120,33 +155,20 @@ def train(options_path: str, overrides: list[str], output: str, restart: str | N
         )
         environment.broadcast_module(model)
     else:
-        model.load_state_dict(restarted.model_state)
-        state = restarted
+        state = restart.state
+        try:
+            model.load_state_dict(state.model_state)
+        except RuntimeError as error:  # the checks before make this a bug, not the user's doing
+            raise CheckpointError(
+                f"the weights of '{restart.path}' do not fit the model built from its own hyperparameters "
+                f"({str(error).splitlines()[0]}).",
+                hint="The checkpoint may come from a modified architecture; export it with the mtt that wrote it.",
+            ) from error
         state.identity = identity
-        where = f"epoch {state.epoch}" + (
-            f", step {state.batches_done} of epoch {state.epoch + 1}" if state.batches_done else ""
-        )
-        LOGGER.info("continuing after %s from %s", where, restart_path)
-
-    state = trainer.fit(model, splits.train, splits.validation, state, folder)
-    if main:
-        state.save(folder / "model.ckpt", model)
-
-    model.load_state_dict(state.best_model_state)
-    if splits.test:
-        metrics = trainer.evaluate(model, splits.test, None)
-        LOGGER.info(
-            "test set (%d structures): %s", len(splits.test), format_metrics(metrics.results(), metrics.units())
-        )
-    if main:
-        with architectures.blame_architecture(architecture):  # TorchScript compiles its code
-            exported = export_model(model, info, architecture, folder / "model.pt")
-        target = Path(output)
-        if target.resolve() != exported.resolve():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(exported, target)
-            shutil.copytree(folder / "extensions", target.parent / "extensions", dirs_exist_ok=True)
-        LOGGER.info("final model written to %s (checkpoint %s)", target, folder / "model.ckpt")
-    peak = environment.all_reduce_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    LOGGER.info("peak resident memory: %.0f MB%s", peak, " (largest rank)" if environment.enabled else "")
-    environment.shutdown()
+        run_of = f" (run {restart.run_folder})" if restart.run_folder is not None else ""
+        LOGGER.info("continuing after %s from %s%s", restart.where(), restart.path, run_of)
+        for change in restart.applied:
+            LOGGER.info("restart: %s", change.describe())
+    state.global_batch_size = hypers.batch_size * environment.world_size
+    state.data_fingerprint = splits.fingerprint()
+    return state

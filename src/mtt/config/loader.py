@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,13 +18,14 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .. import architectures
-from ..data.options import expand_short_forms, parse_dataset_list
-from ..errors import OptionsError, OptionsProblems
-from ..schema import defaults_of, parse_options
+from ..data.options import expand_short_forms, parse_dataset_list, unit_problems
+from ..errors import OptionsError, OptionsProblems, did_you_mean
+from ..schema import defaults_of, parse_options, walk_options
 from ..training.hypers import TrainerHypers
 from .dataset_paths import resolve_datasets
 from .files import read_options_file
-from .options import RunOptions
+from .metatrain import translate_metatrain
+from .options import DistributedOptions, RunOptions
 from .overrides import BOOLEAN_WORDS, GROUPS, split_overrides
 
 DATASETS = ("training_set", "validation_set", "test_set")
@@ -36,6 +39,10 @@ class ComposedOptions:
     run: RunOptions
     model_hypers: Any
     trainer_hypers: TrainerHypers
+    #: the seed was drawn at random (none given): a restart takes its checkpoint's
+    chosen_seed: bool = False
+    #: what was read in mtt's terms or ignored (metatrain's options), to tell the user
+    notes: list[str] = field(default_factory=list)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.raw, sort_keys=False)
@@ -54,9 +61,15 @@ def _store_configs(user: dict, chosen: architectures.Architecture) -> None:
         # hypers, its training defaults from the Trainer's and its own
         model, training = {}, trainer
         if name == chosen.name:
-            model, training = defaults_of(chosen.hypers_class), _merged(trainer, chosen.training_defaults)
+            model, training = defaults_of(chosen.hypers_class), training_defaults(chosen)
         store.store(group="architecture", name=name, node={"name": name, "model": model, "training": training})
     store.store(name="user_options", node=user)
+
+
+def training_defaults(architecture: architectures.Architecture) -> dict:
+    """``architecture.training`` before the user's options: the Trainer's defaults with
+    those the architecture sets (``__training_defaults__``)."""
+    return _merged(defaults_of(TrainerHypers), architecture.training_defaults)
 
 
 def _merged(defaults: dict, changes: dict) -> dict:
@@ -142,8 +155,38 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
     return _validate(raw, architecture)
 
 
+def _misplaced(raw: dict, architecture: architectures.Architecture) -> list[str]:
+    """Top-level keys that are options of a section (``num_epochs=5`` for
+    ``architecture.training.num_epochs=5``): each is reported with its full key, and
+    dropped so that the strict parser does not report it a second time."""
+    top = {f.name for f in dataclasses.fields(RunOptions)}
+    nested = [
+        entry.key
+        for cls, prefix in (
+            (TrainerHypers, "architecture.training"),
+            (architecture.hypers_class, "architecture.model"),
+            (DistributedOptions, "distributed"),
+        )
+        for entry in walk_options(cls, prefix)
+    ]
+    by_name: dict[str, list[str]] = {}
+    for key in nested:
+        by_name.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+    problems = []
+    for key in [k for k in raw if k not in top and isinstance(k, str)]:
+        if did_you_mean(key, top):
+            continue  # a typo of a top-level key: the parser's message says which
+        close = difflib.get_close_matches(key, by_name, 1, 0.8)
+        found = by_name.get(key) or [k for name in close for k in by_name[name]]
+        if found:
+            raw.pop(key)
+            problems.append(f"unknown option '{key}'. Did you mean '{found[0]}'?")
+    return problems
+
+
 def _validate(raw: dict, architecture: architectures.Architecture) -> ComposedOptions:
-    problems: list[str] = []
+    translation = translate_metatrain(raw)
+    problems: list[str] = list(translation.problems) + _misplaced(raw, architecture)
 
     def attempt(parse: Callable[[Any, str], Any], data: Any, where: str) -> Any:
         try:
@@ -162,10 +205,15 @@ def _validate(raw: dict, architecture: architectures.Architecture) -> ComposedOp
     for key in DATASETS:
         value = raw.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
-            attempt(parse_dataset_list, value, key)
+            blocks = attempt(parse_dataset_list, value, key) or []
+            for number, block in enumerate(blocks):
+                problems.extend(unit_problems(block, key if not isinstance(value, list) else f"{key}[{number}]"))
     if problems:
         raise OptionsProblems(problems)
-    if run.seed is None:
+    chosen = run.seed is None
+    if chosen:
         run.seed = random.SystemRandom().randrange(2**31)
         raw["seed"] = run.seed
-    return ComposedOptions(raw=raw, run=run, model_hypers=model, trainer_hypers=trainer)
+    return ComposedOptions(
+        raw=raw, run=run, model_hypers=model, trainer_hypers=trainer, chosen_seed=chosen, notes=translation.notes
+    )

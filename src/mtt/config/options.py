@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from ..schema import REQUIRED, option
+
+#: the types, in words, of the options declared as ``Any`` here (they are parsed elsewhere)
+TYPE_NAMES = {
+    "training_set": "path | dataset block | list of dataset blocks",
+    "validation_set": "float | path | dataset block | list of dataset blocks",
+    "test_set": "float | path | dataset block | list of dataset blocks",
+    "architecture.model": "mapping",
+    "architecture.training": "mapping",
+}
+#: defaults of the options whose dataclass default is not what a run starts from
+DEFAULT_NAMES = {
+    "architecture.model": "the architecture's",
+    "architecture.training": "see the keys below",
+}
 
 
 @dataclass
@@ -40,6 +54,19 @@ class RunOptions:
     seed: Optional[int] = option(None, "Random seed; a random one is chosen and recorded when null.")
     device: str = option("auto", "auto, cpu, cuda or cuda:N.")
     base_precision: Literal[32, 64] = option(64, "Floating point precision: 32 or 64.")
+    logger: Union[Literal["none", "tensorboard", "wandb"], list[Literal["tensorboard", "wandb"]]] = option(
+        "none",
+        "Where every epoch's metrics also go, besides metrics.csv: 'tensorboard' (event files in the run "
+        "folder's tensorboard/), 'wandb' (a Weights & Biases run in its wandb/, offline unless WANDB_MODE "
+        "says otherwise), or a list of both.",
+    )
     architecture: ArchitectureOptions = option(ArchitectureOptions(), "The architecture and its hyperparameters.")
     distributed: DistributedOptions = option(DistributedOptions(), "Multi-process training.")
     dataset: DatasetDefaults = option(DatasetDefaults(), "Defaults for every dataset block.")
+
+    @property
+    def loggers(self) -> list[str]:
+        """The ``logger`` option as a list of names."""
+        if isinstance(self.logger, list):
+            return list(dict.fromkeys(self.logger))
+        return [] if self.logger == "none" else [self.logger]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,21 @@ class Splits:
     info: DatasetInfo
     #: for each set, (file, index in file) of every structure, saved in the run folder
     origins: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """A digest of every structure of every set, in order, with its reference values:
+        a restart checks with it that it trains on the very same data (wherever its file is)."""
+        digest = hashlib.sha256()
+        for structures in (self.train, self.validation, self.test):
+            digest.update(len(structures).to_bytes(8, "little"))
+            for structure in structures:
+                for tensor in (structure.types, structure.positions, structure.cell, structure.pbc):
+                    digest.update(tensor.contiguous().numpy().tobytes())
+                for values in (structure.values, structure.forces, structure.stress):
+                    for name in sorted(values):
+                        digest.update(name.encode())
+                        digest.update(values[name].contiguous().numpy().tobytes())
+        return digest.hexdigest()
 
 
 def _learned(targets: list[TargetInfo]) -> dict[str, str]:

@@ -62,6 +62,10 @@ class TargetOptions:
         "Default: the 'virial' field when the file has one and no stress is given.",
     )
 
+    def quantity_of(self, name: str) -> str:
+        """'energy' for an energy (the target named energy, unless it says otherwise), else ''."""
+        return self.quantity or ("energy" if name == "energy" else "")
+
 
 @dataclass
 class DatasetOptions:
@@ -102,3 +106,25 @@ def parse_dataset_list(value: Any, path: str) -> list[DatasetOptions]:
         [path] if len(expanded) == 1 and not isinstance(value, list) else [f"{path}[{i}]" for i in range(len(expanded))]
     )
     return [parse_options(DatasetOptions, b, p) for b, p in zip(expanded, paths)]
+
+
+def unit_problems(block: DatasetOptions, where: str) -> list[str]:
+    """Every unknown unit of a dataset block, so that they are all reported in one message
+    with the other problems of the options."""
+    from ..errors import OptionsError
+    from .units import energy_factor, length_factor, property_factor
+
+    checks = [(length_factor, block.systems.length_unit, f"{where}.systems.length_unit")]
+    for name, target in block.targets.items():
+        place = f"{where}.targets.{name}.unit"
+        if target.quantity_of(name) == "energy":
+            checks.append((energy_factor, target.unit or "eV", place))
+        else:
+            checks.append((property_factor, target.unit, place))
+    problems = []
+    for check, unit, place in checks:
+        try:
+            check(unit, place)
+        except OptionsError as error:
+            problems.append(f"{error.message} {error.hint}" if error.hint else error.message)
+    return problems

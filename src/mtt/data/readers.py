@@ -159,7 +159,7 @@ def read_dataset(options: DatasetOptions, base_dir: Path, where: str) -> tuple[l
             raise DataError(
                 f"'{twhere}': only per-structure scalar targets are supported (per_atom: false, num_subtargets: 1).",
             )
-        quantity = target.quantity or ("energy" if name == "energy" else "")
+        quantity = target.quantity_of(name)
         if quantity == "energy":
             factor, unit = energy_factor(target.unit or "eV", f"{twhere}.unit"), "eV"
             forces = _derivative_key(target.forces, "forces", frames, True, f"{twhere}.forces")

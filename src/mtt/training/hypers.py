@@ -9,6 +9,10 @@ from typing import Literal, Optional, Union
 from ..schema import option
 
 
+def _unset_or(value: int | None, least: int) -> bool:
+    return value is None or value >= least
+
+
 @dataclass
 class LossHypers:
     type: Literal["mse", "mae", "huber"] = option("mse", "Loss function for every target.")
@@ -18,6 +22,9 @@ class LossHypers:
         "derivatives of the energy. Missing terms weigh 1.",
     )
     huber_delta: float = option(1.0, "Transition point of the Huber loss, on normalised errors.")
+    types: dict[str, Literal["mse", "mae", "huber"]] = option(
+        {}, "Loss function of single terms, by the names of `weights` (e.g. {forces: mae}); the others use `type`."
+    )
 
 
 @dataclass
@@ -48,12 +55,18 @@ class TrainerHypers:
     amsgrad: bool = option(False, "The AMSGrad variant of the optimiser (the running maximum of the second moments).")
     weight_decay: float = option(0.0, "Weight decay (decoupled with adamw).")
     warmup_fraction: float = option(0.01, "Fraction of all steps spent ramping the learning rate up linearly.")
-    lr_schedule: Literal["cosine", "constant"] = option(
-        "cosine", "Learning rate after the warm-up: cosine decay or constant."
+    lr_schedule: Literal["cosine", "constant", "plateau"] = option(
+        "cosine",
+        "Learning rate after the warm-up: cosine decay to final_lr_fraction, constant, or plateau "
+        "(multiplied by scheduler_factor whenever the validation loss has not decreased for more than "
+        "scheduler_patience epochs, metatrain's schedule). Giving scheduler_patience or "
+        "scheduler_factor, as metatrain's files do, chooses plateau.",
     )
     final_lr_fraction: float = option(0.01, "With the cosine schedule, final learning rate / peak.")
     loss: Union[Literal["mse", "mae", "huber"], LossHypers] = option(
-        "mse", "Loss: a type for every target, or {type, weights, huber_delta}."
+        "mse",
+        "Loss: a type for every term, or {type, weights, types, huber_delta}; metatrain's per-target "
+        "blocks ({energy: {type, weight, forces: {...}}}) are read too.",
     )
     best_model_metric: Literal["loss", "rmse_prod", "mae_prod"] = option(
         "rmse_prod",
@@ -91,17 +104,63 @@ class TrainerHypers:
         "beyond it are computed at every step, with the same results; 0 keeps nothing.",
     )
 
+    early_stopping_patience: Optional[int] = option(
+        None,
+        "Stop when the validation figure of best_model_metric has not improved for this many epochs "
+        "(metatrain's option); null: train all num_epochs.",
+    )
+    scheduler_patience: Optional[int] = option(
+        None,
+        "Plateau schedule: the rate is lowered after more than this many epochs without a lower validation "
+        "loss (default 10).",
+    )
+    scheduler_factor: Optional[float] = option(
+        None, "Plateau schedule: what the learning rate is multiplied by each time (default 0.8)."
+    )
+
     def __post_init__(self):
-        if self.batch_size < 1 or self.num_epochs < 0:
-            raise ValueError("batch_size must be >= 1 and num_epochs >= 0")
-        if self.learning_rate <= 0 or not 0 <= self.warmup_fraction < 1:
-            raise ValueError("learning_rate must be > 0 and warmup_fraction in [0, 1)")
-        if self.checkpoint_interval < 1 or self.log_interval < 1:
-            raise ValueError("checkpoint_interval and log_interval must be >= 1")
-        if self.cache_memory_mb < 0:
-            raise ValueError("cache_memory_mb must be >= 0")
-        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
-            raise ValueError("ema_decay must be in (0, 1), or null")
+        # one line per problem, each starting with the option's name: the parser ties it to its key
+        problems = []
+        for name, value, ok, rule in (
+            ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
+            ("num_epochs", self.num_epochs, self.num_epochs >= 0, ">= 0"),
+            ("learning_rate", self.learning_rate, self.learning_rate > 0, "> 0"),
+            ("warmup_fraction", self.warmup_fraction, 0 <= self.warmup_fraction < 1, "in [0, 1)"),
+            ("checkpoint_interval", self.checkpoint_interval, self.checkpoint_interval >= 1, ">= 1"),
+            ("log_interval", self.log_interval, self.log_interval >= 1, ">= 1"),
+            ("cache_memory_mb", self.cache_memory_mb, self.cache_memory_mb >= 0, ">= 0"),
+            ("ema_decay", self.ema_decay, self.ema_decay is None or 0 < self.ema_decay < 1, "in (0, 1) or null"),
+            (
+                "early_stopping_patience",
+                self.early_stopping_patience,
+                _unset_or(self.early_stopping_patience, 1),
+                ">= 1",
+            ),
+            ("scheduler_patience", self.scheduler_patience, _unset_or(self.scheduler_patience, 0), ">= 0"),
+            (
+                "scheduler_factor",
+                self.scheduler_factor,
+                self.scheduler_factor is None or 0 < self.scheduler_factor < 1,
+                "in (0, 1)",
+            ),
+        ):
+            if not ok:
+                problems.append(f"{name} must be {rule}, got {value!r}")
+        plateau_options = self.scheduler_patience is not None or self.scheduler_factor is not None
+        if plateau_options and self.lr_schedule == "constant":
+            problems.append(
+                "scheduler_patience and scheduler_factor set the plateau schedule, but lr_schedule is "
+                "'constant': remove them, or use lr_schedule: plateau"
+            )
+        if problems:
+            raise ValueError("\n".join(problems))
+
+    @property
+    def schedule(self) -> str:
+        """The learning-rate schedule in use: metatrain's plateau options choose plateau."""
+        if self.scheduler_patience is not None or self.scheduler_factor is not None:
+            return "plateau"
+        return self.lr_schedule
 
     @property
     def loss_hypers(self) -> LossHypers:

@@ -24,16 +24,23 @@ class Term:
     per_atom: bool  # values of energy-like targets are compared per atom
 
 
+def term_label(target: str, kind: str) -> str:
+    """The name of a term in the loss options and the metrics: the target's name for its
+    values; 'forces' and 'stress' for those of 'energy', '<target>_forces' for others'."""
+    if kind == "values":
+        return target
+    return kind if target == "energy" else f"{target}_{kind}"
+
+
 def terms_of(info: DatasetInfo) -> list[Term]:
     terms = []
     for target in info.targets.values():
         extensive = target.quantity == "energy"
         terms.append(Term(target.name, "values", target.name, target.unit, extensive))
-        prefix = "" if target.name == "energy" else f"{target.name}_"
         if target.forces:
-            terms.append(Term(target.name, "forces", f"{prefix}forces", "eV/A", False))
+            terms.append(Term(target.name, "forces", term_label(target.name, "forces"), "eV/A", False))
         if target.stress:
-            terms.append(Term(target.name, "stress", f"{prefix}stress", "eV/A^3", False))
+            terms.append(Term(target.name, "stress", term_label(target.name, "stress"), "eV/A^3", False))
     return terms
 
 
@@ -55,33 +62,44 @@ class Loss:
         hypers: LossHypers,
         terms: list[Term],
         spreads: dict[str, float],
-        where: str = "architecture.training.loss.weights",
+        where: str = "architecture.training.loss",
     ):
-        unknown = set(hypers.weights) - {t.label for t in terms}
-        if unknown:
-            from ..errors import OptionsError, did_you_mean
+        labels = [t.label for t in terms]
+        for option, given in (("weights", hypers.weights), ("types", hypers.types)):
+            unknown = set(given) - set(labels)
+            if unknown:
+                from ..errors import OptionsError, did_you_mean
 
-            name = sorted(unknown)[0]
-            raise OptionsError(
-                f"'{where}.{name}' names no learned quantity.{did_you_mean(name, [t.label for t in terms])}",
-                hint=f"Learned quantities: {', '.join(t.label for t in terms)}.",
-            )
+                name = sorted(unknown)[0]
+                raise OptionsError(
+                    f"'{where}.{option}.{name}' names no learned quantity." + did_you_mean(name, labels),
+                    hint=f"Learned quantities: {', '.join(labels)}.",
+                )
         self.terms = terms
         self.weights = {t.label: hypers.weights.get(t.label, 1.0) for t in terms}
         self.spreads = spreads
-        self.function = {
+        functions = {
             "mse": torch.nn.functional.mse_loss,
             "mae": torch.nn.functional.l1_loss,
-            "huber": lambda a, b: torch.nn.functional.huber_loss(a, b, delta=hypers.huber_delta),
-        }[hypers.type]
+            "huber": lambda a, b, reduction="mean": torch.nn.functional.huber_loss(
+                a, b, delta=hypers.huber_delta, reduction=reduction
+            ),
+        }
+        self.functions = {t.label: functions[hypers.types.get(t.label, hypers.type)] for t in terms}
 
     def per_term(self, predictions: Predictions, batch: Batch) -> dict[str, torch.Tensor]:
         """Each weighted term of the loss of a batch."""
         values = {}
         for term in self.terms:
             error = errors(term, predictions, batch) / self.spreads[term.label]
-            values[term.label] = self.weights[term.label] * self.function(error, torch.zeros_like(error))
+            values[term.label] = self.weights[term.label] * self.functions[term.label](error, torch.zeros_like(error))
         return values
+
+    def weighted_sum(self, label: str, error: torch.Tensor) -> float:
+        """The weighted sum (not mean) of one term's loss over ``error``'s elements, so that
+        sums over batches and ranks give the loss of a whole set."""
+        scaled = error / self.spreads[label]
+        return self.weights[label] * float(self.functions[label](scaled, torch.zeros_like(scaled), reduction="sum"))
 
     def __call__(self, predictions: Predictions, batch: Batch) -> torch.Tensor:
         """The loss of a batch."""
@@ -105,46 +123,62 @@ def term_shares(terms: list[Term], mine: list, everyone: list, world_size: int) 
 
 
 class Metrics:
-    """Accumulates squared and absolute errors to give RMSE and MAE over a whole set."""
+    """Accumulates squared and absolute errors to give RMSE and MAE over a whole set, and
+    each term's weighted loss as a sum over its elements, so that the loss of a set is the
+    same whatever the batches and the number of ranks."""
+
+    #: the last element of :meth:`as_tensor`: tells this layout from that of mtt 0.1.0
+    #: (three sums per term, then the loss and its count), kept in mid-epoch checkpoints
+    LAYOUT = 2.0
 
     def __init__(self, terms: list[Term]):
         self.terms = terms
-        self.sums = {t.label: torch.zeros(3, dtype=torch.float64) for t in terms}
-        self.loss_sum = 0.0
-        self.loss_count = 0
+        self.sums = {t.label: torch.zeros(4, dtype=torch.float64) for t in terms}
+        self.loss_updates = 0  # batches whose loss was added
 
-    def update(self, predictions: Predictions, batch: Batch, loss: float | None = None) -> None:
+    def update(self, predictions: Predictions, batch: Batch, loss: "Loss | None" = None) -> None:
         with torch.no_grad():
             for term in self.terms:
                 error = errors(term, predictions, batch).detach().double().cpu()
-                self.sums[term.label] += torch.stack(
-                    [error.pow(2).sum(), error.abs().sum(), torch.tensor(float(error.numel()))]
+                loss_sum = loss.weighted_sum(term.label, error) if loss is not None else 0.0
+                self.sums[term.label] += torch.tensor(
+                    [float(error.pow(2).sum()), float(error.abs().sum()), float(error.numel()), loss_sum],
+                    dtype=torch.float64,
                 )
         if loss is not None:
-            self.loss_sum += loss * len(batch)
-            self.loss_count += len(batch)
+            self.loss_updates += 1
 
     def as_tensor(self) -> torch.Tensor:
         """All sums in one tensor, so distributed runs can reduce them in one call."""
         parts = [self.sums[t.label] for t in self.terms]
-        parts.append(torch.tensor([self.loss_sum, float(self.loss_count), 0.0], dtype=torch.float64))
+        parts.append(torch.tensor([float(self.loss_updates), self.LAYOUT], dtype=torch.float64))
         return torch.cat(parts)
 
     def load_tensor(self, tensor: torch.Tensor) -> None:
+        """Sums from :meth:`as_tensor` (reduced over ranks: the layout mark is then summed too)."""
+        n = len(self.terms)
+        if len(tensor) == 3 * n + 3 and not (len(tensor) == 4 * n + 2 and float(tensor[-1]) > 0):
+            # mtt 0.1.0's layout: the loss was a mean over structures, which is not kept
+            for i, term in enumerate(self.terms):
+                self.sums[term.label] = torch.cat([tensor[3 * i : 3 * i + 3], tensor.new_zeros(1)]).double()
+            self.loss_updates = 0
+            return
         for i, term in enumerate(self.terms):
-            self.sums[term.label] = tensor[3 * i : 3 * i + 3].clone()
-        self.loss_sum, self.loss_count = float(tensor[-3]), int(tensor[-2])
+            self.sums[term.label] = tensor[4 * i : 4 * i + 4].clone().double()
+        self.loss_updates = int(tensor[-2])
 
     def results(self) -> dict[str, float]:
-        """RMSE and MAE of each term, keyed like 'energy_per_atom_rmse'."""
+        """RMSE and MAE of each term, keyed like 'energy_per_atom_rmse', and the loss."""
         out = {}
+        loss = 0.0
         for term in self.terms:
-            squared, absolute, count = self.sums[term.label].tolist()
+            squared, absolute, count, loss_sum = self.sums[term.label].tolist()
             key = f"{term.label}_per_atom" if term.per_atom else term.label
             out[f"{key}_rmse"] = math.sqrt(squared / count) if count else math.nan
             out[f"{key}_mae"] = absolute / count if count else math.nan
-        if self.loss_count:
-            out["loss"] = self.loss_sum / self.loss_count
+            loss += loss_sum / count if count else math.nan
+        if self.loss_updates:
+            out["loss"] = loss
         return out
 
     def units(self) -> dict[str, str]:

@@ -136,11 +136,23 @@ class LearningRateSchedule:
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
         self.last_epoch = 0  # LambdaLR's name for the number of steps taken
+        self.scale = 1.0  # the plateau schedule's factor (kept by the trainer, not in this state)
         self._apply()
 
     def _apply(self) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * self.factor(self.last_epoch)
+            group["lr"] = group["initial_lr"] * self.factor(self.last_epoch) * self.scale
+
+    def set_scale(self, scale: float) -> None:
+        """A factor on every rate from now on (the plateau schedule lowering it)."""
+        self.scale = scale
+        self._apply()
+
+    def set_peak(self, learning_rate: float) -> None:
+        """Another peak rate from now on: what a restart with another learning_rate asks."""
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = learning_rate
+        self._apply()
 
     def step(self) -> None:
         self.last_epoch += 1

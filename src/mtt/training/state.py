@@ -45,6 +45,11 @@ class TrainingState:
     scheduler_state: dict | None = None
     ema_state: dict | None = None  # the moving average of the weights, with ema_decay
     spreads: dict[str, float] = field(default_factory=dict)
+    best_epoch: int = 0  # the epoch of the best model; 0 when unknown (checkpoints of mtt 0.1.0)
+    best_validation: dict[str, float] = field(default_factory=dict)  # its validation errors
+    plateau_state: dict | None = None  # the reduce-on-plateau schedule's (see .plateau)
+    global_batch_size: int = 0  # structures per step, all ranks together; 0 when unknown
+    data_fingerprint: str = ""  # of the split structures (Splits.fingerprint); "" when unknown
 
     def save(self, path: Path, model: torch.nn.Module) -> None:
         """Write a checkpoint of this state with ``model``'s current weights."""

@@ -1,13 +1,15 @@
-"""Stop cleanly when the cluster asks: SIGUSR1 (SLURM's --signal before a time limit) or
-SIGTERM (scancel, preemption). The Trainer finishes its step, writes a checkpoint, exits."""
+"""Stop cleanly when asked: SIGUSR1 (SLURM's --signal before a time limit), SIGTERM
+(scancel, preemption) or a first Ctrl-C (SIGINT). The Trainer finishes its step, writes a
+checkpoint and exits; a second Ctrl-C ends the run at once, without a checkpoint."""
 
 from __future__ import annotations
 
 import signal
+import sys
 
 from ..errors import MttError
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequested(MttError):
@@ -16,6 +18,15 @@ class StopRequested(MttError):
     kind = "stopped"
     #: EX_TEMPFAIL: job scripts can requeue on it
     exit_status = 75
+
+    def __init__(self, message: str, hint: str | None = None, signal_name: str | None = None):
+        super().__init__(message, hint)
+        if signal_name == "SIGINT":  # the user's Ctrl-C: the shell's status, not a requeue
+            self.exit_status = 130
+
+
+class InterruptedAtOnce(KeyboardInterrupt):
+    """A second Ctrl-C while the run was finishing its step to stop."""
 
 
 class StopSignals:
@@ -31,7 +42,16 @@ class StopSignals:
         return self
 
     def _handle(self, number: int, frame: object) -> None:
-        self.received = signal.Signals(number).name
+        name = signal.Signals(number).name
+        if name == "SIGINT" and self.received is not None:  # a Ctrl-C while stopping: at once
+            raise InterruptedAtOnce("stopped at once by a second Ctrl-C; no checkpoint was written")
+        if self.received is None:
+            self.received = name
+            if name == "SIGINT":
+                sys.stderr.write(
+                    "\nmtt: Ctrl-C: finishing this step to write a checkpoint; Ctrl-C again stops at once\n"
+                )
+                sys.stderr.flush()
 
     def __exit__(self, *exc) -> None:
         for number, handler in self._previous.items():

@@ -7,7 +7,7 @@ import copy
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -17,12 +17,14 @@ from ..data.dataset import DatasetInfo
 from ..data.readers import Structure
 from ..distributed import DistributedEnvironment, share
 from ..errors import TrainingDiverged
-from ..outputs import LOGGER, MetricsCsv, Progress, format_metrics
+from ..outputs import LOGGER, MetricsCsv
+from ..terminal import EpochTable
 from .averaging import WeightAverage
 from .cache import PrecomputedInputs
 from .hypers import TrainerHypers
 from .loss import Loss, Metrics, term_shares, terms_of
 from .optimizer import FusedAdam, LearningRateSchedule
+from .plateau import PlateauSchedule
 from .predictions import predict
 from .state import TrainingState
 from .stopping import StopRequested, StopSignals
@@ -40,6 +42,14 @@ def _snapshot(model: torch.nn.Module) -> dict:
     return snapshot
 
 
+class EpochLogger(Protocol):
+    """Something that records every epoch's metrics (see :mod:`mtt.metric_loggers`)."""
+
+    def log_epoch(
+        self, epoch: int, learning_rate: float, sets: dict[str, dict[str, float]], units: dict[str, str]
+    ) -> None: ...
+
+
 class Trainer:
     """Optimises a model on the training set, validating after every epoch.
 
@@ -55,8 +65,10 @@ class Trainer:
         environment: DistributedEnvironment,
         dtype: torch.dtype,
         seed: int,
+        loggers: Sequence[EpochLogger] = (),
     ):
         self.hypers = hypers
+        self.loggers = list(loggers)  # also given every epoch's metrics (TensorBoard, W&B)
         self.architecture = architecture
         self.info = info
         self.environment = environment
@@ -93,7 +105,7 @@ class Trainer:
                 return stage_factor
             if step < warmup:
                 return (step + 1) / (warmup + 1)
-            if self.hypers.lr_schedule == "constant":
+            if self.hypers.schedule in ("constant", "plateau"):  # plateau: its factor is applied apart
                 return 1.0
             progress = (step - warmup) / max(1, stage_step - warmup)
             return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
@@ -138,8 +150,7 @@ class Trainer:
             batch = self.batch([structures[mine[i]] for i in indices])
             with blame_architecture(self.architecture):
                 predictions = predict(model, batch, self.info, create_graph=False)
-            value = float(loss(predictions, batch).detach()) if loss is not None else None
-            metrics.update(predictions, batch, value)
+            metrics.update(predictions, batch, loss)
         metrics.load_tensor(self.environment.all_reduce_sum(metrics.as_tensor()))
         return metrics
 
@@ -183,7 +194,7 @@ class Trainer:
             optimizer.step()
             scheduler.step()
         if mine:
-            metrics.update(predictions, batch, float(value.detach()))
+            metrics.update(predictions, batch, loss)
 
     def _stop(self, model: torch.nn.Module, state: TrainingState, signals: StopSignals, path: Path, when: str) -> None:
         """Write the checkpoint of a run stopped by a signal, on rank 0, and stop every rank
@@ -196,6 +207,7 @@ class Trainer:
         raise StopRequested(
             f"training stopped on {cause} {when}; the checkpoint {path} holds it.",
             hint="Continue with `mtt train <options> --restart auto` (or --restart with that file).",
+            signal_name=signals.received,
         )
 
     # -- the loop ------------------------------------------------------------------------
@@ -226,19 +238,26 @@ class Trainer:
             hypers.loss_hypers_of(hypers.num_epochs),
             self.terms,
             state.spreads,
-            "architecture.training.final_stage.loss_weights",
+            "architecture.training.final_stage",
         )
         stage_start = hypers.final_stage_start()
         parameters = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.make_optimizer(model) if parameters else None
         steps_per_epoch = len(self.global_batches(len(train), 1))
         scheduler = average = None
+        plateau = None
+        if hypers.schedule == "plateau":
+            plateau = PlateauSchedule(hypers.scheduler_patience, hypers.scheduler_factor)
+        if plateau is not None and state.plateau_state is not None:
+            plateau.load_state_dict(state.plateau_state)
         if optimizer is not None:
             schedule = self.make_schedule(hypers.num_epochs * steps_per_epoch, steps_per_epoch)
             scheduler = LearningRateSchedule(optimizer, schedule)
+            scheduler.scale = plateau.scale if plateau is not None else 1.0
             if state.optimizer_state is not None:
                 optimizer.load_state_dict(state.optimizer_state)
                 scheduler.load_state_dict(state.scheduler_state)
+                scheduler.set_peak(hypers.learning_rate)  # a restart may change it
             if hypers.ema_decay is not None:
                 average = WeightAverage(parameters, hypers.ema_decay)
                 if state.ema_state is not None:
@@ -247,8 +266,8 @@ class Trainer:
             LOGGER.info("%s has no trainable parameters: only its baseline is fitted", self.architecture.name)
 
         csv = MetricsCsv(run_folder / "metrics.csv") if main else None
-        progress = Progress(hypers.num_epochs, state.epoch, len(train), hypers.log_interval) if main else None
         units = Metrics(self.terms).units()
+        progress = None
 
         def remember_optimizer() -> None:
             if optimizer is not None:
@@ -259,6 +278,8 @@ class Trainer:
 
         try:
             with StopSignals() as signals:
+                if main:  # its header is on the terminal once a Ctrl-C stops cleanly
+                    progress = EpochTable(hypers.num_epochs, state.epoch, len(train), hypers.log_interval, units)
                 for epoch in range(state.epoch + 1, hypers.num_epochs + 1):
                     started = time.monotonic()
                     model.train()
@@ -273,6 +294,8 @@ class Trainer:
                         )
                         if average is not None:
                             average.update()
+                        if progress is not None:
+                            progress.step_done(epoch, number + 1, len(batches))
                         if self.environment.any_rank(signals.received is not None) and number + 1 < len(batches):
                             state.batches_done = number + 1
                             state.partial_train_metrics = self.environment.all_reduce_sum(train_metrics.as_tensor())
@@ -291,21 +314,42 @@ class Trainer:
                         validation_metrics = self.evaluate(model, validation, loss)
                         figure = validation_metrics.selection_figure(hypers.best_model_metric)
                         state.epoch = epoch
-                        if figure < state.best_figure or state.best_model_state is None:
+                        better = figure < state.best_figure or state.best_model_state is None
+                        if better:
                             state.best_figure = figure
                             state.best_model_state = _snapshot(model)
+                            state.best_epoch, state.best_validation = epoch, validation_metrics.results()
+                    learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
+                    if plateau is not None and scheduler is not None:  # the same loss on every rank
+                        if plateau.step(validation_metrics.results()["loss"]) and main:
+                            LOGGER.info(
+                                "epoch %d: no lower validation loss for %d epochs, learning rate multiplied by %g",
+                                epoch,
+                                plateau.patience + 1,
+                                plateau.factor,
+                            )
+                        scheduler.set_scale(plateau.scale)
+                        state.plateau_state = plateau.state_dict()
                     remember_optimizer()
                     if main:
-                        learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
                         sets = {"train": train_metrics.results(), "validation": validation_metrics.results()}
                         csv.write(epoch, time.monotonic() - started, learning_rate, sets, units)
-                        progress.epoch_done(
-                            epoch,
-                            f"train {format_metrics(sets['train'], units, hypers.log_mae)} | "
-                            f"validation {format_metrics(sets['validation'], units, hypers.log_mae)}",
-                        )
+                        for logger in self.loggers:
+                            logger.log_epoch(epoch, learning_rate, sets, units)
+                        progress.epoch_done(epoch, sets, learning_rate, better)
                         if epoch % hypers.checkpoint_interval == 0:
                             state.save(run_folder / "checkpoints" / f"epoch_{epoch}.ckpt", model)
+                    patience = hypers.early_stopping_patience
+                    if patience is not None and epoch - state.best_epoch >= patience and epoch < hypers.num_epochs:
+                        if main:
+                            LOGGER.info(
+                                "early stopping after epoch %d: no better validation %s for %d epochs (best: epoch %d)",
+                                epoch,
+                                hypers.best_model_metric.replace("_", " "),
+                                patience,
+                                state.best_epoch,
+                            )
+                        break
                     if self.environment.any_rank(signals.received is not None) and epoch < hypers.num_epochs:
                         self._stop(
                             model,

@@ -1,28 +1,23 @@
-"""Distributed runs: who launched us (SLURM, torchrun or nobody), the rendezvous, and the
-few collective operations the rest of mtt needs.
+"""Distributed runs: who launched us (SLURM, torchrun or nobody), the rendezvous
+(:mod:`.rendezvous`), and the few collective operations the rest of mtt needs.
 
-This is the only module that reads ``SLURM_*``, ``RANK``, ``MASTER_PORT`` and friends.
+This is the only package that reads ``SLURM_*``, ``RANK``, ``MASTER_PORT`` and friends.
 Every wait is bounded: a rendezvous that cannot complete ends the process with a message
 naming the address, the port and the world size, instead of hanging.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
-import socket
-import sys
-import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from .errors import EnvironmentProblem
-
-#: exit status of a rank whose rendezvous timed out
-RENDEZVOUS_TIMEOUT_STATUS = 3
+from ..errors import EnvironmentProblem
+from .rendezvous import rendezvous
 
 
 @dataclass
@@ -137,6 +132,13 @@ def choose_port(configured: int | None, launch: Launch) -> int:
     return 29500
 
 
+def _threads(device: torch.device) -> str:
+    if device.type != "cpu":
+        return ""
+    count = torch.get_num_threads()
+    return f" with {count} thread{'s' if count != 1 else ''}"
+
+
 @dataclass
 class DistributedEnvironment:
     """The layout of this run once the rendezvous is done."""
@@ -161,11 +163,12 @@ class DistributedEnvironment:
 
     def describe(self) -> str:
         if not self.enabled:
-            return f"one process on {self.device}"
+            threads = _threads(self.device)
+            return f"one process on {self.device}{threads}"
         return (
             f"{self.world_size} ranks on {self.launch.num_nodes} node(s), launched by "
             f"{self.launch.launcher}, {self.backend} backend, rendezvous at "
-            f"{self.launch.master_addr}:{self.port}; this rank {self.rank} uses {self.device}"
+            f"{self.launch.master_addr}:{self.port}; this rank {self.rank} uses {self.device}" + _threads(self.device)
         )
 
     # -- collectives used by the trainer and the train command -------------------------
@@ -246,18 +249,57 @@ def _pick_device(device_option: str, launch: Launch) -> torch.device:
     return torch.device("cuda", launch.local_rank % max(visible, 1))
 
 
-def _share_cores(launch: Launch) -> None:
-    """Ranks on one node share its cores; default torch threads would fight each other."""
+def _launcher_environment() -> dict[str, str] | None:
+    """The environment our parent process (the launcher) was started with, from /proc;
+    None where it cannot be read. A process's own later changes are not in that file."""
+    try:
+        raw = Path(f"/proc/{os.getppid()}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
+
+
+def user_threads(launch: Launch, env: Mapping[str, str] | None = None) -> int | None:
+    """The threads per rank the user asked for with OMP_NUM_THREADS, or None.
+
+    torchrun sets OMP_NUM_THREADS=1 itself when it starts several processes and the
+    variable is unset; that default is not the user's choice. It is told apart by the
+    environment torchrun itself was started with (or, where that cannot be read, by the
+    value 1 under torchrun with several local ranks).
+    """
+    env = os.environ if env is None else env
+    value = env.get("OMP_NUM_THREADS", "").strip()
+    if not value.isdigit() or int(value) < 1:
+        return None
+    if launch.launcher == "torchrun" and launch.local_world_size > 1 and value == "1":
+        parent = _launcher_environment()
+        if parent is None or "OMP_NUM_THREADS" not in parent:
+            return None
+    return int(value)
+
+
+def threads_per_rank(launch: Launch, env: Mapping[str, str] | None = None) -> int | None:
+    """How many threads each rank of this node gets, or None to keep torch's default."""
+    env = os.environ if env is None else env
     if launch.local_world_size <= 1:
-        return
-    if os.environ.get("OMP_NUM_THREADS"):
-        return
+        return None
+    asked = user_threads(launch, env)
+    if asked is not None:
+        return asked
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    per_rank = cores if "SLURM_CPUS_PER_TASK" in os.environ else cores // launch.local_world_size
-    torch.set_num_threads(max(1, per_rank))
+    # SLURM's --cpus-per-task already gives each task its own cores
+    return max(1, cores if "SLURM_CPUS_PER_TASK" in env else cores // launch.local_world_size)
+
+
+def _share_cores(launch: Launch) -> None:
+    """Ranks on one node share its cores; default torch threads would fight each other."""
+    threads = threads_per_rank(launch)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def setup(enabled: bool, port: int | None, timeout: float, device_option: str) -> DistributedEnvironment:
@@ -287,68 +329,8 @@ def setup(enabled: bool, port: int | None, timeout: float, device_option: str) -
     chosen_port = choose_port(port, launch)
     environment = DistributedEnvironment(launch, True, device, backend, chosen_port)
     _share_cores(launch)
-    _rendezvous(environment, timeout)
+    rendezvous(environment, timeout)
     return environment
-
-
-def _rendezvous(environment: DistributedEnvironment, timeout: float) -> None:
-    launch = environment.launch
-    address = f"{launch.master_addr}:{environment.port}"
-
-    def give_up() -> None:
-        message = (
-            f"mtt: environment problem: rank {launch.rank} could not complete the rendezvous "
-            f"at {address} with {launch.world_size} ranks within {timeout:g} s.\n"
-            "Another rank may have failed to start (see its message), the port may be held by "
-            "another program or job, or a node cannot reach "
-            f"{launch.master_addr}. Choose another port with distributed.port=NNNNN, or a "
-            "longer wait with distributed.timeout=SECONDS.\n"
-        )
-        sys.stderr.write(message)
-        sys.stderr.flush()
-        os._exit(RENDEZVOUS_TIMEOUT_STATUS)
-
-    # the TCPStore constructor of non-zero ranks ignores its timeout when rank 0 never
-    # listens, so a watchdog ends the process instead of letting it hang
-    watchdog = threading.Timer(timeout, give_up)
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        wait = datetime.timedelta(seconds=timeout)
-        if launch.launcher == "torchrun":
-            os.environ["MASTER_PORT"] = str(environment.port)
-            torch.distributed.init_process_group(
-                environment.backend, init_method="env://", timeout=datetime.timedelta(minutes=30)
-            )
-        else:
-            try:
-                store = torch.distributed.TCPStore(
-                    launch.master_addr,
-                    environment.port,
-                    launch.world_size,
-                    is_master=launch.rank == 0,
-                    timeout=wait,
-                    wait_for_workers=False,
-                )
-            except Exception as error:
-                if _port_in_use(error):
-                    raise EnvironmentProblem(
-                        f"port {environment.port} on {socket.gethostname()} ({launch.master_addr}) "
-                        "is already in use, so rank 0 cannot host the rendezvous.",
-                        hint="Another job or program holds it. Choose a free port with "
-                        "distributed.port=NNNNN (or set MASTER_PORT in the job script).",
-                    ) from error
-                raise
-            torch.distributed.init_process_group(
-                environment.backend,
-                store=store,
-                rank=launch.rank,
-                world_size=launch.world_size,
-                timeout=datetime.timedelta(minutes=30),
-            )
-        torch.distributed.barrier()
-    finally:
-        watchdog.cancel()
 
 
 def share(items: list, rank: int, world_size: int) -> list:
@@ -370,8 +352,3 @@ def peer_failure(error: BaseException, environment: DistributedEnvironment | Non
         f"rank {environment.rank} stopped because another rank stopped first ({str(error).splitlines()[0]}).",
         hint="The first rank to fail says why, on stderr and in its error.rank<N>.log file in the run folder.",
     )
-
-
-def _port_in_use(error: BaseException) -> bool:
-    text = str(error)
-    return "EADDRINUSE" in text or "address already in use" in text.lower()

@@ -1,0 +1,176 @@
+"""
+Energies in kcal/mol, and molecular dynamics in ASE
+===================================================
+
+This example trains a potential on reference data whose energies and forces are in
+kcal/mol, then runs molecular dynamics with it in ASE, checks that the total energy is
+conserved, and compares the model with the reference along the trajectory.
+
+The reference is ASE's EMT potential for Cu, Au and Pt: the cells of
+``examples/data/emt_metals.xyz`` (in eV), written again here in kcal/mol, as the output
+of another code might be. EMT is cheap, so the example can also ask it for the energies
+of the structures the dynamics visits.
+"""
+
+# %%
+# Units
+# -----
+#
+# ``unit: kcal/mol`` tells mtt the unit of the energies in the file; it converts them,
+# and the forces (kcal/mol/Å), to eV and eV/Å when it reads them. The model, its metrics
+# and its predictions are in eV and Å from then on.
+#
+# .. literalinclude:: ../../../examples/md_metals.yaml
+#    :language: yaml
+#    :caption: examples/md_metals.yaml
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import ase.io
+import ase.units
+import matplotlib.pyplot as plt
+import numpy as np
+from ase.build import bulk
+from ase.calculators.emt import EMT
+from ase.md.velocitydistribution import Stationary, thermalize_momenta
+from ase.md.verlet import VelocityVerlet
+from metatomic_ase import MetatomicCalculator
+
+# the examples/ folder: run the script from there, as the docs build does
+HERE = Path.cwd()
+kcal_per_mol = ase.units.kcal / ase.units.mol  # in eV
+
+# %%
+# The dataset in kcal/mol
+# -----------------------
+#
+# The shipped cells, with their energies and forces divided by the size of a kcal/mol in
+# eV, in a fresh folder beside a copy of the options file.
+
+workdir = Path(tempfile.mkdtemp(prefix="mtt-example-"))
+frames = ase.io.read(HERE / "data" / "emt_metals.xyz", ":")
+for atoms in frames:
+    energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+    atoms.calc = None
+    atoms.info["energy"] = energy / kcal_per_mol
+    atoms.arrays["forces"] = forces / kcal_per_mol
+ase.io.write(workdir / "emt_kcal.xyz", frames)
+shutil.copy(HERE / "md_metals.yaml", workdir)
+print(f"first structure: {frames[0].info['energy']:.2f} kcal/mol, {len(frames[0])} atoms")
+
+# %%
+# Train
+# -----
+#
+# As in the first example, ``mtt train md_metals.yaml`` runs in that folder.
+
+result = subprocess.run(
+    [sys.executable, "-m", "mtt", "train", "md_metals.yaml"],
+    cwd=workdir,
+    capture_output=True,
+    text=True,
+)
+print(result.stdout)
+if result.returncode != 0:
+    raise RuntimeError(f"mtt failed:\n{result.stderr}")
+
+# %%
+# The model predicts eV
+# ---------------------
+#
+# A copper cell the model has never seen: EMT's energy is in eV, and so is the model's,
+# although it learned from kcal/mol.
+
+calculator = MetatomicCalculator(workdir / "model.pt", extensions_directory=workdir / "extensions")
+atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+atoms.rattle(0.05, seed=1)
+atoms.calc = EMT()
+print(f"EMT: {atoms.get_potential_energy():.3f} eV = {atoms.get_potential_energy() / kcal_per_mol:.1f} kcal/mol")
+atoms.calc = calculator
+print(f"mtt: {atoms.get_potential_energy():.3f} eV")
+
+# %%
+# Molecular dynamics
+# ------------------
+#
+# The same calculator drives ASE's molecular dynamics: here 0.4 ps of the 32 copper
+# atoms in the microcanonical ensemble (NVE) with a 2 fs time step, starting from
+# velocities drawn at 300 K. Each step asks the model for the forces.
+
+thermalize_momenta(atoms, temperature_K=300, rng=np.random.default_rng(0))
+Stationary(atoms)
+dynamics = VelocityVerlet(atoms, timestep=2 * ase.units.fs)
+
+time, potential, kinetic, snapshots = [], [], [], []
+
+
+def record():
+    time.append(dynamics.get_time() / (1000 * ase.units.fs))  # in ps
+    potential.append(atoms.get_potential_energy())
+    kinetic.append(atoms.get_kinetic_energy())
+    snapshots.append(atoms.copy())
+
+
+dynamics.attach(record, interval=2)
+dynamics.run(200)
+
+# %%
+# Energy conservation
+# -------------------
+#
+# The forces of an mtt model are the exact derivatives of its energy, so in NVE the total
+# energy is conserved while potential and kinetic energy exchange: it only oscillates by a
+# small fraction of their fluctuations, because of the finite time step, and does not
+# drift.
+
+potential, kinetic = np.array(potential), np.array(kinetic)
+total = potential + kinetic
+
+fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, constrained_layout=True)
+top.plot(time, potential - potential.mean(), label="potential")
+top.plot(time, kinetic - kinetic.mean(), label="kinetic")
+top.set_ylabel("energy - mean (eV)")
+top.legend(loc="lower center", bbox_to_anchor=(0.5, 1), ncols=2, frameon=False)
+bottom.plot(time, 1000 * (total - total[0]), color="black")
+bottom.set_ylabel("total - initial\n(meV)")
+bottom.set_xlabel("time (ps)")
+plt.show()
+
+print(f"fluctuation of the potential energy: {1000 * potential.std():.1f} meV")
+print(f"fluctuation of the total energy: {1000 * total.std():.2f} meV")
+
+# %%
+# The model against EMT along the trajectory
+# ------------------------------------------
+#
+# Energy conservation says the forces are consistent with the model's energy, not that
+# the model is right. EMT gives the reference energy of every recorded snapshot: after a
+# few epochs the model follows its fluctuations, with an offset and an error of some meV
+# per atom.
+
+reference = []
+for snapshot in snapshots:
+    snapshot.calc = EMT()
+    reference.append(snapshot.get_potential_energy())
+reference = np.array(reference)
+
+fig, ax = plt.subplots(figsize=(7, 3.2), constrained_layout=True)
+ax.plot(time, 1000 * (potential - potential.mean()) / len(atoms), label="mtt")
+ax.plot(time, 1000 * (reference - reference.mean()) / len(atoms), label="EMT", linestyle="--")
+ax.set_xlabel("time (ps)")
+ax.set_ylabel("potential - mean\n(meV/atom)")
+ax.legend()
+plt.show()
+
+error = 1000 * np.sqrt(np.mean(((potential - reference) - (potential - reference).mean()) ** 2)) / len(atoms)
+print(f"RMS error of the energy fluctuations along the trajectory: {error:.2f} meV/atom")
+
+# %%
+# Clean up
+# --------
+
+shutil.rmtree(workdir)
