@@ -393,7 +393,8 @@ def train_mtt(files, seed, epochs, options: str, folder: Path, n_train: int) -> 
     run = next(folder.glob("outputs/*/*/metrics.csv")).parent
     with open(run / "metrics.csv") as handle:
         epoch_times = [float(row["time [s]"]) for row in csv.DictReader(handle)]
-    test = next(line for line in text.splitlines() if "test set (" in line)
+    # train.log: the terminal shows the test errors in its summary table
+    test = next(line for line in (run / "train.log").read_text().splitlines() if "test set (" in line)
     figures = {}
     for name, key in (
         ("test E RMSE meV/atom", "energy per atom rmse"),

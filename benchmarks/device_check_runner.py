@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device_check_report import Report
-from run_folder import peak_memory_mb, run_folder, seconds_per_epoch
+from run_folder import peak_memory_mb, run_folder, seconds_per_epoch, test_line
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -281,10 +281,10 @@ class Check(Report):
             raise StepFailed(
                 f"mtt train exited {done.returncode}: " + (message[0] if message else tail(done.stderr, 3))
             )
-        test_line = next(line for line in done.stdout.splitlines() if line.startswith("test set"))
         sizes = re.search(r"(\d+) training, (\d+) validation, (\d+) test structures", done.stdout)
         described = re.search(r"^distributed: (.*)$", done.stdout, re.M)
         run = run_folder(folder)
+        test = test_line(run)
         rows = list(csv.DictReader(open(run / "metrics.csv")))
         per_epoch = seconds_per_epoch(run)
         n_train, n_validation = int(sizes.group(1)), int(sizes.group(2))
@@ -299,8 +299,8 @@ class Check(Report):
             "structures_per_s": (n_train + n_validation) / per_epoch,
             "fixed_cost_s": round(done.seconds - sum(float(r["time [s]"]) for r in rows), 2),
             "structures": {"train": n_train, "validation": n_validation, "test": int(sizes.group(3))},
-            "test_line": test_line,
-            "test": parse_metrics(test_line),
+            "test_line": test,
+            "test": parse_metrics(test),
             "final_validation": final_validation,
             "distributed": described.group(1) if described else None,
             "peak_memory_mb": peak_memory_mb(run),

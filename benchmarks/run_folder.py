@@ -20,5 +20,14 @@ def seconds_per_epoch(folder: Path) -> float:
 
 
 def peak_memory_mb(folder: Path) -> float:
-    """Peak resident memory of the run (the largest rank), as train.log reports it."""
-    return float(re.search(r"peak resident memory: (\d+) MB", (folder / "train.log").read_text()).group(1))
+    """Peak resident memory of the run (the largest rank), as train.log reports it (its
+    summary's "peak memory", or "peak resident memory" before the summary existed)."""
+    text = (folder / "train.log").read_text()
+    return float(re.search(r"peak (?:resident )?memory:\s+(\d+) MB", text).group(1))
+
+
+def test_line(folder: Path) -> str:
+    """``test set (N structures): energy per atom rmse ...``, as train.log has it (the
+    terminal shows the test errors in the summary's table instead)."""
+    lines = (folder / "train.log").read_text().splitlines()
+    return next(line.split(" INFO ", 1)[-1] for line in lines if " INFO test set (" in line)

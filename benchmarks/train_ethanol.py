@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run_folder import peak_memory_mb, run_folder, seconds_per_epoch
+from run_folder import peak_memory_mb, run_folder, seconds_per_epoch, test_line
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ethanol_reduced_100.xyz"
 
@@ -56,7 +56,7 @@ def run_once(epochs: int, overrides: list[str]) -> dict:
         folder = run_folder(Path(folder))
         per_epoch = seconds_per_epoch(folder)
         peak = peak_memory_mb(folder)
-    test = next(line for line in result.stdout.splitlines() if line.startswith("test set"))
+        test = test_line(folder)
     figures = dict(re.findall(r"(energy per atom rmse|forces rmse) ([\d.]+)", test))
     return {
         "total_s": total,
