@@ -7,6 +7,8 @@ import csv
 import math
 from pathlib import Path
 
+from .outputs import metric_name
+
 
 def _read(path: Path) -> tuple[list[int], dict[str, list[float]]]:
     with open(path, newline="") as handle:
@@ -27,7 +29,7 @@ def _panels(columns: dict[str, list[float]]) -> list[tuple[str, str, str | None]
         if not name.startswith("train_") or not (name == "train_loss" or "_rmse" in name):
             continue
         quantity = name.removeprefix("train_")
-        title = quantity.split(" [")[0].replace("_rmse", " RMSE").replace("_per_atom", " per atom").replace("_", " ")
+        title = metric_name(quantity.split(" [")[0])
         unit = quantity.split(" [", 1)[1].rstrip("]") if " [" in quantity else ""
         validation = f"validation_{quantity}"
         panels.append((title + (f" [{unit}]" if unit else ""), name, validation if validation in columns else None))

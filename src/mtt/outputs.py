@@ -52,6 +52,11 @@ def write_error_log(folder: Path, error: BaseException, rank: int | None = None)
     return path
 
 
+def metric_name(key: str) -> str:
+    """A metric key in words: 'energy_per_atom_rmse' -> 'energy per atom RMSE'."""
+    return key.replace("_rmse", " RMSE").replace("_mae", " MAE").replace("_per_atom", " per atom").replace("_", " ")
+
+
 def display(value: float, unit: str) -> tuple[float, str]:
     """Energies are shown in meV: the errors of good models are a few meV."""
     if unit.startswith("eV"):

@@ -75,8 +75,12 @@ class OptionEntry:
 
     def default_yaml(self) -> str:
         """The default as it is written in YAML."""
-        text = yaml.safe_dump(to_plain(self.default), default_flow_style=True, allow_unicode=True).strip()
-        return text.removesuffix("\n...")
+        return flow_yaml(to_plain(self.default))
+
+
+def flow_yaml(value: Any) -> str:
+    """A value as an options file writes it, on one line: false, not False; {a: 1}."""
+    return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip().removesuffix("\n...")
 
 
 def _nested_dataclass(annotation: Any) -> tuple[type | None, str]:

@@ -15,7 +15,7 @@ import textwrap
 import time
 from typing import TextIO
 
-from .outputs import FILE_LOGGER, LOGGER, display, format_metrics
+from .outputs import FILE_LOGGER, LOGGER, display, format_metrics, metric_name
 
 #: the terminal width a line must fit when the terminal does not say
 DEFAULT_COLUMNS = 80
@@ -212,8 +212,7 @@ def summary_lines(
         labels = []
         for key in keys:
             unit = display(1.0, units.get(key, ""))[1]
-            name = key.replace("_rmse", " RMSE").replace("_mae", " MAE").replace("_per_atom", " per atom")
-            labels.append(name.replace("_", " ") + (f" [{unit}]" if unit else ""))
+            labels.append(metric_name(key) + (f" [{unit}]" if unit else ""))
         width = max(len(label) for label in labels) + 2
         heads = "validation".rjust(12) + ("test".rjust(12) if test else "")
         lines.append("  " + " " * width + heads)

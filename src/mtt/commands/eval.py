@@ -18,7 +18,7 @@ from ..data.readers import Structure
 from ..errors import DataError, EnvironmentProblem
 from ..inference import EvaluatedModel, load_trained_model
 from ..outputs import LOGGER, display, setup_logging
-from ..training.loss import Metrics, Term, terms_of
+from ..training.loss import Metrics, Term, term_label, terms_of
 from ..training.predictions import Predictions, predict
 from .eval_sets import sets_to_evaluate
 
@@ -196,13 +196,12 @@ def _frames_of(
         first_atom += len(structure)
         atoms = _to_atoms(structure, values)
         for name in reference.targets:
-            prefix = "" if name == "energy" else f"{name}_"
             if name in structure.values:
                 atoms.info[f"reference_{name}"] = float(structure.values[name].reshape(()))
             if name in structure.forces:
-                atoms.arrays[f"reference_{prefix}forces"] = structure.forces[name].numpy()
+                atoms.arrays[f"reference_{term_label(name, 'forces')}"] = structure.forces[name].numpy()
             if name in structure.stress:
-                atoms.info[f"reference_{prefix}stress"] = structure.stress[name].numpy()
+                atoms.info[f"reference_{term_label(name, 'stress')}"] = structure.stress[name].numpy()
         frames.append(atoms)
     return frames
 

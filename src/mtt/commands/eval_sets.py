@@ -9,13 +9,12 @@ from pathlib import Path
 
 from ..config import load_options
 from ..config.files import read_yaml
+from ..config.loader import DATASETS
 from ..data.dataset import load_splits
 from ..data.options import parse_dataset_list
 from ..data.readers import Structure, TargetInfo, read_dataset, resolve_path
 from ..errors import DataError, OptionsError
-from .restart import run_folder_of
-
-DATASETS = ("training_set", "validation_set", "test_set")
+from .restart import is_run_folder, run_folder_of
 
 
 @dataclass
@@ -34,7 +33,7 @@ def model_and_run(model: str) -> tuple[Path, Path | None]:
     path = Path(model)
     if path.is_dir():
         candidate = path / "model.pt" if (path / "model.pt").is_file() else path / "model.ckpt"
-        return candidate, path if (path / "options.yaml").is_file() and (path / "indices").is_dir() else None
+        return candidate, path if is_run_folder(path) else None
     if path.suffix == ".ckpt" or path.name == "model.pt":
         return path, run_folder_of(path) if path.parent.exists() else None
     return path, None
@@ -58,10 +57,10 @@ def _from_indices(run: Path) -> EvaluationSet:
     for line in lines:
         file, index = line.rsplit("\t", 1)
         wanted.setdefault(file, []).append(int(index))
-    options = read_yaml(run / "options.yaml")
+    blocks = _blocks(read_yaml(run / "options.yaml"))
     structures, targets = [], None
     for file, indices in wanted.items():
-        block = next((b for b in _blocks(options) if str(resolve_path(b.systems.read_from, run)) == file), None)
+        block = next((b for b in blocks if str(resolve_path(b.systems.read_from, run)) == file), None)
         if block is None:
             raise DataError(f"'{file}' of {run / 'indices' / 'test.txt'} is in no dataset of {run / 'options.yaml'}.")
         read, block_targets, _ = read_dataset(block, run, "test_set")

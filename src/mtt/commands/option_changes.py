@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
-
-import yaml
+from typing import Any, Iterable
 
 from .. import architectures
+from ..config.loader import training_defaults
 from ..config.options import RunOptions
-from ..schema import defaults_of
+from ..schema import defaults_of, flow_yaml
 from ..training.hypers import TrainerHypers
 
 #: options a restart applies, with what they change
@@ -63,8 +62,7 @@ def show(value: Any) -> str:
     """An option value as it would be written in YAML, shortened."""
     if value is MISSING:
         return "not set"
-    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip()
-    text = text.removesuffix("\n...").replace("\n", " ")
+    text = flow_yaml(value).replace("\n", " ")
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -88,18 +86,18 @@ def default_options(architecture_name: str) -> dict[str, Any]:
     """The options a run gets when it sets nothing: compared with keys that one side lacks
     (options mtt did not have when the checkpoint was written)."""
     tree = defaults_of(RunOptions)
-    known = architecture_name in architectures.available()
-    hypers = architectures.load(architecture_name).hypers_class if known else None
-    tree["architecture"] = {
-        "name": architecture_name,
-        "model": defaults_of(hypers) if hypers is not None else {},
-        "training": defaults_of(TrainerHypers),
-    }
+    if architecture_name in architectures.available():
+        architecture = architectures.load(architecture_name)
+        model, training = defaults_of(architecture.hypers_class), training_defaults(architecture)
+    else:
+        model, training = {}, defaults_of(TrainerHypers)
+    tree["architecture"] = {"name": architecture_name, "model": model, "training": training}
     return flatten(tree)
 
 
-def _allowed(key: str) -> bool:
-    return any(key == name or key.startswith(f"{name}.") for name in MAY_CHANGE)
+def _under(key: str, names: Iterable[str]) -> bool:
+    """Whether ``key`` is one of ``names`` or an option inside one."""
+    return any(key == name or key.startswith(f"{name}.") for name in names)
 
 
 def refusal(key: str) -> str:
@@ -139,6 +137,6 @@ def option_changes(
         if key.rsplit(".", 1)[-1] == PATH_KEY and isinstance(before, str) and isinstance(after, str):
             if paths == "ignore" or (paths == "name" and PurePath(before).name == PurePath(after).name):
                 continue
-        may = _allowed(key) or any(key == name or key.startswith(f"{name}.") for name in allowed)
+        may = _under(key, MAY_CHANGE) or _under(key, allowed)
         changes.append(OptionChange(key, before, after, None if may else refusal(key)))
     return changes

@@ -39,10 +39,15 @@ class Restart:
         return f"epoch {state.epoch}{step}"
 
 
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` is the folder of an `mtt train` run (its options and indices)."""
+    return (folder / "options.yaml").is_file() and (folder / "indices").is_dir()
+
+
 def run_folder_of(checkpoint: Path) -> Path | None:
     """``outputs/<date>/<time>`` for its ``model.ckpt`` and ``checkpoints/*.ckpt``."""
     folder = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    return folder if (folder / "options.yaml").is_file() and (folder / "indices").is_dir() else None
+    return folder if is_run_folder(folder) else None
 
 
 def _progress(path: Path) -> tuple[int, int] | None:

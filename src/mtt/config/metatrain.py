@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import yaml
-
+from ..schema import flow_yaml
 from ..training.hypers import LossHypers
 from ..training.loss import term_label
 
@@ -35,11 +34,6 @@ IGNORED_SOAP_BPNN = {
     "zbl": (False,),
     "long_range": None,  # a mapping: only `enable: false` is mtt's
 }
-
-
-def _yaml(value: Any) -> str:
-    """A value as the options file writes it (false, not False)."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
 
 
 @dataclass
@@ -79,7 +73,7 @@ def _training(training: dict, raw: dict, done: Translation) -> None:
             continue
         value = training.pop(key)
         if accepted is not None and value not in accepted:
-            done.problems.append(f"'{where}.{key}: {_yaml(value)}' is {UNUSED}, and {meaning}: remove it")
+            done.problems.append(f"'{where}.{key}: {flow_yaml(value)}' is {UNUSED}, and {meaning}: remove it")
         else:
             done.notes.append(f"{where}.{key}: {UNUSED} ({meaning}); ignored")
 
@@ -178,4 +172,6 @@ def _soap_bpnn(model: dict, done: Translation) -> None:
         if fine:
             done.notes.append(f"{where}: {UNUSED} (mtt's SOAP-BPNN has none); ignored")
         else:
-            done.problems.append(f"'{where}: {_yaml(value)}' asks for what mtt's SOAP-BPNN does not have ({UNUSED})")
+            done.problems.append(
+                f"'{where}: {flow_yaml(value)}' asks for what mtt's SOAP-BPNN does not have ({UNUSED})"
+            )
