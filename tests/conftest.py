@@ -43,6 +43,18 @@ def run_mtt(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None
     )
 
 
+def torchrun_train(options: Path, cwd: Path, ranks: int = 2) -> subprocess.CompletedProcess:
+    """`mtt train options distributed=true` on ``ranks`` processes started by torchrun."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "-m", "mtt", "train"]
+        + [str(options), "distributed=true"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 #: the SOAP-BPNN model of the quick tests: small, trained in seconds on the EMT data
 SMALL_SOAP = "name: soap_bpnn\nmodel:\n  soap: {max_radial: 3, max_angular: 2}"
 

@@ -35,7 +35,7 @@ def load(folder: Path, text: str, seed: int = 0) -> Splits:
 def by_index(splits: Splits) -> list:
     """Every structure of every set, in the order of the file."""
     origins = splits.origins["training"] + splits.origins["validation"] + splits.origins["test"]
-    structures = splits.train + splits.validation + splits.test
+    structures = splits.train.structures + splits.validation.structures + splits.test.structures
     return [s for _, s in sorted(zip([i for _, i in origins], structures), key=lambda pair: pair[0])]
 
 
@@ -275,7 +275,7 @@ def test_splits_are_reproducible_and_disjoint(tmp_path):
     assert not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
     # the structures are those the indices name
     frames = ase.io.read(EMT_DATA, ":")
-    for (_, index), structure in zip(first.origins["validation"], first.validation):
+    for (_, index), structure in zip(first.origins["validation"], first.validation.structures):
         assert structure.types.tolist() == frames[index].numbers.tolist()
 
 

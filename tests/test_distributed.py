@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SHARED_DATA, SMALL_SOAP, emt_options, logged_test_errors, write_options
+from conftest import ROOT, SHARED_DATA, SMALL_SOAP, emt_options, logged_test_errors, torchrun_train, write_options
 
 import mtt.distributed
 from mtt.distributed import (
@@ -191,24 +191,7 @@ def single_process_reference(tmp_path: Path, *overrides: str) -> str:
 
 def test_torchrun_two_processes_match_one(tmp_path):
     options = write_options(tmp_path, OPTIONS)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "mtt",
-            "train",
-            str(options),
-            "distributed=true",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = torchrun_train(options, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "2 ranks on 1 node(s), launched by torchrun, gloo backend" in result.stdout
     # torchrun's OMP_NUM_THREADS=1 is its default, not the user's: the ranks share the cores

@@ -305,7 +305,7 @@ def test_a_file_name_reads_an_energy_target(tmp_path, data_file):
     assert target.forces and target.stress  # the file has both
     frames = ase.io.read(data_file, ":")
     energies = {round(a.get_potential_energy(), 8) for a in frames}
-    assert {round(float(s.values["energy"]), 8) for s in splits.train} <= energies
+    assert {round(float(s.values["energy"]), 8) for s in splits.train.structures} <= energies
 
 
 def test_overrides_apply_to_a_short_form(tmp_path, data_file):
@@ -325,7 +325,8 @@ def test_a_target_given_by_its_key(tmp_path, data_file):
     )
     assert options.raw["training_set"]["targets"]["energy"] == {"key": "e_dft"}
     splits = load_splits(options.raw, tmp_path, 0)
-    assert [float(s.values["energy"]) for s in splits.train] == pytest.approx([a.info["e_dft"] for a in frames])
+    energies = [float(s.values["energy"]) for s in splits.train.structures]
+    assert energies == pytest.approx([a.info["e_dft"] for a in frames])
     assert splits.info.targets["energy"].forces  # the file's 'forces' array, found by default
 
 
@@ -349,7 +350,7 @@ def test_forces_off(tmp_path, data_file, text, overrides):
     target = splits.info.targets["energy"]
     assert not target.forces
     assert target.stress  # only the forces are switched off
-    assert all(not s.forces for s in splits.train + splits.validation)
+    assert all(not s.forces for s in splits.train.structures + splits.validation.structures)
 
 
 def test_a_list_of_dataset_blocks(tmp_path):

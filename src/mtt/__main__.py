@@ -91,6 +91,36 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--plots", action="store_true", help="write a parity plot (PNG) per target")
     evaluate.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")
 
+    data = commands.add_parser(
+        "data",
+        help="convert datasets once, to stream them from disk; describe converted datasets",
+        description="Datasets too large for memory are converted once into a folder of arrays that "
+        "`mtt train` and `mtt eval` stream from disk (training_set: train.mttdata).",
+    )
+    data_commands = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
+    convert = data_commands.add_parser(
+        "convert",
+        parents=[common],
+        help="convert dataset files into one converted dataset",
+        description="Convert the structures and targets of a dataset file (one dataset block, systems and "
+        "targets as in the training options, or a list of blocks whose files feed one dataset) into a "
+        "converted dataset, in bounded memory, on every core (extended XYZ files are parsed in parallel).",
+    )
+    convert.add_argument("dataset", help="YAML file with the dataset block(s)")
+    convert.add_argument("-o", "--output", required=True, help="the converted dataset to write (.mttdata is added)")
+    convert.add_argument("--processes", type=int, help="processes parsing the files (default: one per core)")
+    info = data_commands.add_parser(
+        "info",
+        parents=[common],
+        help="print what a converted dataset holds",
+        description="Print the structures, atoms, elements, targets with their units, size on disk and "
+        "atom-count range of a converted dataset.",
+    )
+    info.add_argument("dataset", help="a converted dataset (.mttdata)")
+    info.add_argument(
+        "--verify", action="store_true", help="also check every array against the digest of its conversion"
+    )
+
     options = commands.add_parser(
         "options",
         parents=[common],
@@ -118,6 +148,14 @@ def run_command(args: argparse.Namespace, context: RunContext) -> None:
         from .commands.eval import evaluate
 
         evaluate(args.model, args.options, args.output, args.plots, args.batch_size)
+    elif args.command == "data" and args.data_command == "convert":
+        from .commands.data import convert
+
+        convert(args.dataset, args.output, args.processes)
+    elif args.command == "data":
+        from .commands.data import info
+
+        info(args.dataset, args.verify)
     elif args.command == "options":
         from .commands.options import show_options
 

@@ -26,6 +26,16 @@ class MttError(Exception):
             return f"{self.message}\n{self.hint}"
         return self.message
 
+    def __reduce__(self):
+        # whole across processes (DataLoader workers): pickling an exception keeps its args only
+        return (_rebuilt, (type(self), self.message, self.hint))
+
+
+def _rebuilt(kind: type, message: str, hint: str | None) -> MttError:
+    error = kind.__new__(kind)
+    MttError.__init__(error, message, hint)
+    return error
+
 
 class OptionsError(MttError):
     """The options file or a command-line override is wrong."""

@@ -15,6 +15,7 @@ from ase.data import chemical_symbols
 from ..data.batching import Batch, batch_indices, compute_neighbor_lists, make_batch
 from ..data.dataset import DatasetInfo
 from ..data.readers import Structure
+from ..data.structure_sets import StructureSet
 from ..errors import DataError, EnvironmentProblem
 from ..inference import EvaluatedModel, load_trained_model
 from ..outputs import LOGGER, display, setup_logging
@@ -23,16 +24,16 @@ from ..training.predictions import Predictions, predict
 from .eval_sets import sets_to_evaluate
 
 
-def _check_elements(model: EvaluatedModel, structures: list[Structure], path: str) -> None:
+def _check_elements(model: EvaluatedModel, structures: StructureSet) -> None:
     known = set(model.atomic_types)
-    for index, structure in enumerate(structures):
-        unknown = sorted({int(t) for t in structure.types} - known)
-        if unknown:
-            names = ", ".join(f"{chemical_symbols[z]} (Z={z})" for z in unknown)
-            raise DataError(
-                f"structure {index} of '{path}' contains {names}, which the model was not trained on.",
-                hint=f"The model knows {', '.join(chemical_symbols[z] for z in sorted(known))}.",
-            )
+    unknown = {z for z, n in structures.type_counts().items() if n > 0} - known
+    if unknown:
+        path, index, present = structures.first_with(unknown)
+        names = ", ".join(f"{chemical_symbols[z]} (Z={z})" for z in present)
+        raise DataError(
+            f"structure {index} of '{path}' contains {names}, which the model was not trained on.",
+            hint=f"The model knows {', '.join(chemical_symbols[z] for z in sorted(known))}.",
+        )
 
 
 def _check_targets(model: EvaluatedModel, reference: DatasetInfo, where: str) -> None:
@@ -92,7 +93,7 @@ def evaluate(model_path: str, options_path: str | None, output: str, plots: bool
     for number, chosen in enumerate(sets):
         LOGGER.info("evaluating %s on %s", model_file, chosen.description)
         reference = DatasetInfo(atomic_types=model.atomic_types, targets={t.name: t for t in chosen.targets})
-        _check_elements(model, chosen.structures, chosen.source)
+        _check_elements(model, chosen.structures)
         _check_targets(model, reference, options_path or model_path)
         target_file = output_path
         if len(sets) > 1:
@@ -102,21 +103,23 @@ def evaluate(model_path: str, options_path: str | None, output: str, plots: bool
 
 def _evaluate_dataset(
     model: EvaluatedModel,
-    structures: list[Structure],
+    structures: StructureSet,
     reference: DatasetInfo,
     name: str,
     target_file: Path,
     plots: bool,
     batch_size: int,
 ) -> None:
-    info = model.info(periodic=all(bool(s.pbc.all()) for s in structures))
-    compute_neighbor_lists(structures, model.requested_neighbor_lists())
+    info = model.info(periodic=structures.periodic())
+    requests = model.requested_neighbor_lists()
     needs_forces = any(t.forces for t in info.targets.values())
     needs_stress = any(t.stress for t in info.targets.values())
     terms = terms_of(reference)
     metrics = Metrics(terms)
     pairs: dict[str, tuple[list, list]] = {t.label: ([], []) for t in terms}
-    frames, started = [], time.monotonic()
+    started = time.monotonic()
+    target_file.parent.mkdir(parents=True, exist_ok=True)
+    target_file.write_text("")  # the predictions are appended batch by batch
     batches = batch_indices(len(structures), batch_size, None)
     bar = None
     if sys.stdout.isatty() and len(batches) > 1:
@@ -124,7 +127,8 @@ def _evaluate_dataset(
 
         bar = tqdm(total=len(structures), unit="structure", desc=f"evaluating {name}")
     for count, indices in enumerate(batches, start=1):
-        chosen = [structures[i] for i in indices]
+        chosen = structures.read(indices)
+        compute_neighbor_lists(chosen, requests)
         batch = make_batch(chosen, model.dtype, torch.device("cpu"), needs_forces, needs_stress, flat=False)
         computed = predict(model, batch, info, create_graph=False)
         predictions = Predictions(
@@ -134,7 +138,7 @@ def _evaluate_dataset(
         for term in terms:
             pairs[term.label][0].append(_flat(term, getattr(batch, term.kind)[term.target], batch))
             pairs[term.label][1].append(_flat(term, getattr(predictions, term.kind)[term.target], batch))
-        frames.extend(_frames_of(chosen, predictions, info, reference))
+        ase.io.write(target_file, _frames_of(chosen, predictions, info, reference), format="extxyz", append=True)
         if bar is not None:
             bar.update(len(chosen))
         elif len(batches) >= 10 and count % (len(batches) // 10) == 0:
@@ -143,8 +147,6 @@ def _evaluate_dataset(
         bar.close()
     elapsed = time.monotonic() - started
 
-    target_file.parent.mkdir(parents=True, exist_ok=True)
-    ase.io.write(target_file, frames, format="extxyz")
     LOGGER.info(
         "%s: %d structures in %.2f s (%.1f structures/s); predictions written to %s",
         name,

@@ -7,12 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..config import load_options
 from ..config.files import read_yaml
 from ..config.loader import DATASETS
-from ..data.dataset import load_splits
+from ..data.dataset import load_splits, read_block
 from ..data.options import parse_dataset_list
-from ..data.readers import Structure, TargetInfo, read_dataset, resolve_path
+from ..data.readers import TargetInfo, resolve_path
+from ..data.structure_sets import InMemorySet, StructureSet
 from ..errors import DataError, OptionsError
 from .restart import is_run_folder, run_folder_of
 
@@ -23,7 +26,7 @@ class EvaluationSet:
 
     description: str  # said before the errors: which structures these are
     name: str  # short, for the predictions and the log lines (a file name)
-    structures: list[Structure]
+    structures: StructureSet
     targets: list[TargetInfo]
     source: str  # the file (or run folder) they come from, for messages
 
@@ -58,14 +61,27 @@ def _from_indices(run: Path) -> EvaluationSet:
         file, index = line.rsplit("\t", 1)
         wanted.setdefault(file, []).append(int(index))
     blocks = _blocks(read_yaml(run / "options.yaml"))
-    structures, targets = [], None
+    parts, targets = [], None
     for file, indices in wanted.items():
         block = next((b for b in blocks if str(resolve_path(b.systems.read_from, run)) == file), None)
         if block is None:
             raise DataError(f"'{file}' of {run / 'indices' / 'test.txt'} is in no dataset of {run / 'options.yaml'}.")
-        read, block_targets, _ = read_dataset(block, run, "test_set")
-        structures += [read[i] for i in indices]
+        read, block_targets, _ = read_block(block, run, "test_set")
+        parts.append(read.subset(np.array(indices, dtype=np.int64)))
         targets = targets or block_targets
+    structures = (
+        parts[0]
+        if len(parts) == 1
+        else InMemorySet(
+            [s for part in parts for s in part.structures],
+            [
+                origin
+                for part in parts
+                for path, numbers in part.origins()
+                for origin in ((path, int(i)) for i in numbers)
+            ],
+        )
+    )
     files = ", ".join(Path(f).name for f in wanted)
     return EvaluationSet(
         f"the test set of the run {run}: {len(structures)} structures of {files}, from its indices/test.txt",
@@ -118,6 +134,6 @@ def sets_to_evaluate(model: str, options_path: str | None) -> tuple[Path, list[E
     blocks = parse_dataset_list(content, "eval")  # one block or a list
     for number, block in enumerate(blocks):
         where = "eval" if len(blocks) == 1 else f"eval[{number}]"
-        structures, targets, file = read_dataset(block, path.parent, where)
+        structures, targets, file = read_block(block, path.parent, where)
         sets.append(EvaluationSet(f"{file}: {len(structures)} structures", file.name, structures, targets, str(file)))
     return model_path, sets

@@ -30,6 +30,7 @@ MAY_CHANGE = {
     "architecture.training.log_interval": "how often a line is printed",
     "architecture.training.log_mae": "whether MAEs are printed",
     "architecture.training.cache_memory_mb": "memory for kept inputs (the numbers stay the same)",
+    "architecture.training.num_workers": "processes reading batches (the numbers stay the same)",
     "distributed": "the launch: ranks, port and timeout",
     "device": "the device",
     "logger": "where the metrics are also logged",

@@ -183,6 +183,13 @@ def prepare_restart(
             f"{options.trainer_hypers.batch_size} on {world_size} rank(s) gives {global_batch}.",
             hint=f"A restart must keep the structures of each step (batch_size times the ranks). {advice}",
         )
+    max_atoms = options.trainer_hypers.max_atoms_per_batch
+    if max_atoms is not None and state.global_max_atoms and state.global_max_atoms != max_atoms * world_size:
+        raise CheckpointError(
+            f"'{path}' was trained with batches packed to {state.global_max_atoms} atoms per step, but "
+            f"max_atoms_per_batch {max_atoms} on {world_size} rank(s) gives {max_atoms * world_size}.",
+            hint="A restart of packed batches keeps the number of ranks it was trained with.",
+        )
     architecture = architectures.load(state.identity.architecture)
     hypers = parse_options(architecture.hypers_class, state.identity.model_hypers, "architecture.model")
     if state.best_epoch == 0 and state.epoch > 0:  # a checkpoint of mtt 0.1.0: the best epoch is unknown

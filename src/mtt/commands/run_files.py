@@ -34,8 +34,10 @@ def write_run_files(
     (folder / COMMAND_FILE).write_text("# how this run was started\n" + yaml.safe_dump(command, sort_keys=False))
     indices = folder / "indices"
     indices.mkdir()
-    for name, origins in splits.origins.items():
-        (indices / f"{name}.txt").write_text("".join(f"{path}\t{i}\n" for path, i in origins))
+    for name, structures in splits.sets.items():
+        with open(indices / f"{name}.txt", "w") as file:
+            for path, numbers in structures.origins():
+                file.writelines(f"{path}\t{i}\n" for i in numbers.tolist())
 
 
 def how_it_trains(hypers: TrainerHypers, world_size: int) -> str:
@@ -43,6 +45,10 @@ def how_it_trains(hypers: TrainerHypers, world_size: int) -> str:
     batch = f"batch {hypers.batch_size}" + (
         f" per rank ({hypers.batch_size * world_size} in all)" if world_size > 1 else ""
     )
+    if hypers.max_atoms_per_batch is not None:
+        batch = f"batches packed to {hypers.max_atoms_per_batch} atoms" + (
+            f" per rank ({hypers.max_atoms_per_batch * world_size} in all)" if world_size > 1 else ""
+        )
     plateau = PlateauSchedule(hypers.scheduler_patience, hypers.scheduler_factor)  # its defaults filled in
     schedule = {
         "cosine": f"cosine decay to {hypers.final_lr_fraction:g} of it",

@@ -14,6 +14,8 @@ from .. import architectures, distributed
 from ..config import ComposedOptions, load_options
 from ..data.batching import check_cutoff, compute_neighbor_lists
 from ..data.dataset import Splits, load_splits
+from ..data.readers import Structure
+from ..data.structure_sets import InMemorySet, StructureSet, sample_for_statistics
 from ..errors import CheckpointError
 from ..metric_loggers import check_loggers, open_loggers
 from ..outputs import (
@@ -71,8 +73,10 @@ def train(
     with architectures.blame_architecture(architecture):
         model = architecture.model_class(model_hypers, info).to(device=environment.device, dtype=dtype)
         requests = model.requested_neighbor_lists()
-    compute_neighbor_lists(splits.train + splits.validation + splits.test, requests)
-    check_cutoff(splits.train, requests)
+    for structures in splits.sets.values():
+        if isinstance(structures, InMemorySet):  # computed once; streamed batches get theirs as they are read
+            compute_neighbor_lists(structures.structures, requests)
+    check_cutoff(_cutoff_sample(splits.train, requests, run.seed), requests)
 
     folder = environment.broadcast_object(str(new_run_folder()) if main else None)
     folder = Path(folder)
@@ -101,12 +105,17 @@ def train(
         LOGGER.info("training: %s", how_it_trains(hypers, environment.world_size))
 
     loggers = open_loggers(run.loggers, folder, options.raw) if main else []
+    trainer = Trainer(hypers, architecture, info, environment, dtype, run.seed, loggers)
     try:
-        trainer = Trainer(hypers, architecture, info, environment, dtype, run.seed, loggers)
         state = _initial_state(restart, options, model, model_hypers, splits, trainer, environment)
         if main and restart is not None and restart.run_folder is not None:
             continue_metrics(restart.run_folder / "metrics.csv", folder / "metrics.csv", state.epoch)
+        first_epoch = state.epoch
         state = trainer.fit(model, splits.train, splits.validation, state, folder)
+        if not splits.train.in_memory:
+            loading = trainer.describe_loading(state.epoch - first_epoch)
+            if main:
+                FILE_LOGGER.info("data loading: %s", loading)
         if main:
             state.save(folder / "model.ckpt", model)
 
@@ -119,6 +128,7 @@ def train(
         files = deliver(model, info, architecture, folder, Path(output), state.best_epoch) if main else []
         files += [(logger.title, logger.where()) for logger in loggers]
     finally:
+        trainer.close()
         for logger in loggers:
             logger.close()
     peak = environment.all_reduce_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -151,7 +161,13 @@ def _initial_state(
         state = TrainingState(identity)
         trainer.adapt(model, splits.train)
         state.spreads = fit_baseline(
-            model, splits.train, info, trainer.terms, hypers.fixed_composition_weights, hypers.scale_targets
+            model,
+            splits.train,
+            info,
+            trainer.terms,
+            hypers.fixed_composition_weights,
+            hypers.scale_targets,
+            environment,
         )
         environment.broadcast_module(model)
     else:
@@ -170,5 +186,16 @@ def _initial_state(
         for change in restart.applied:
             LOGGER.info("restart: %s", change.describe())
     state.global_batch_size = hypers.batch_size * environment.world_size
+    state.global_max_atoms = (hypers.max_atoms_per_batch or 0) * environment.world_size
     state.data_fingerprint = splits.fingerprint()
     return state
+
+
+def _cutoff_sample(structures: StructureSet, requests: list, seed: int) -> list[Structure]:
+    """The training structures the cutoff is checked on: all of a set in memory, a
+    thousand of one on disk (read with their neighbour lists)."""
+    if isinstance(structures, InMemorySet):
+        return structures.structures
+    sample = structures.read(sample_for_statistics(len(structures), 1000, seed))
+    compute_neighbor_lists(sample, requests)
+    return sample

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
-from metatensor.torch import TensorBlock
+from metatensor.torch import Labels, TensorBlock
 from metatomic.torch import NeighborListOptions, System, register_autograd_neighbors
 from vesin.metatomic import NeighborList
 
@@ -31,13 +32,29 @@ from .flat_batch import FlatBatch, NeighborPairs
 from .readers import Structure
 
 
+def _in_order(block: TensorBlock) -> TensorBlock:
+    """The pairs sorted by first atom, second atom and cell shift: the calculator's order may
+    change from one call to the next, and a structure read again (streamed from disk) must
+    give the very same list as the kept inputs computed from it before."""
+    samples = block.samples.values
+    if len(samples) < 2:
+        return block
+    order = torch.from_numpy(np.lexsort(samples.numpy().T[::-1].copy()))
+    return TensorBlock(
+        block.values.index_select(0, order),
+        Labels(block.samples.names, samples.index_select(0, order)),
+        block.components,
+        block.properties,
+    )
+
+
 def compute_neighbor_lists(structures: list[Structure], requests: list[NeighborListOptions]) -> None:
     """Compute and store on each structure the neighbour lists the model asks for."""
     calculators = [NeighborList(options, "angstrom") for options in requests]
     for structure in structures:
         system = System(structure.types, structure.positions, structure.cell, structure.pbc)
         structure.neighbors = [
-            (options, calculator.compute(system)) for options, calculator in zip(requests, calculators)
+            (options, _in_order(calculator.compute(system))) for options, calculator in zip(requests, calculators)
         ]
 
 
@@ -269,3 +286,32 @@ def batch_indices(n_items: int, batch_size: int, generator: torch.Generator | No
     order = torch.randperm(n_items, generator=generator) if generator is not None else torch.arange(n_items)
     order = order.tolist()
     return [order[i : i + batch_size] for i in range(0, n_items, batch_size)]
+
+
+def packed_batches(order: list[int], n_atoms: np.ndarray, max_atoms: int) -> list[list[int]]:
+    """``order`` cut into batches of at most ``max_atoms`` atoms, in order: a batch takes the
+    next structure unless that would bring it above the limit (a structure larger than the
+    limit makes a batch alone)."""
+    batches, current, atoms = [], [], 0
+    for index in order:
+        size = int(n_atoms[index])
+        if current and atoms + size > max_atoms:
+            batches.append(current)
+            current, atoms = [], 0
+        current.append(index)
+        atoms += size
+    if current:
+        batches.append(current)
+    return batches
+
+
+def share_by_atoms(indices: list[int], n_atoms: np.ndarray, rank: int, world_size: int) -> list[int]:
+    """This rank's contiguous part of a packed batch: cut where the running atom count
+    passes each rank's equal share, so that every rank gets about as many atoms."""
+    if world_size == 1:
+        return indices
+    running = np.cumsum(n_atoms[indices])
+    total = running[-1] if len(running) else 0
+    cuts = [0] + [int(np.searchsorted(running, total * k / world_size, side="left")) + 1 for k in range(1, world_size)]
+    cuts = [min(c, len(indices)) for c in cuts] + [len(indices)]
+    return indices[cuts[rank] : max(cuts[rank], cuts[rank + 1])]

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from ase.data import chemical_symbols
 
 from ..errors import DataError, OptionsError
-from .options import parse_dataset_list
-from .readers import Structure, TargetInfo, read_dataset
+from .options import DatasetOptions, is_converted, parse_dataset_list
+from .readers import TargetInfo, read_dataset
+from .store import open_converted
+from .structure_sets import InMemorySet, StructureSet
 
 
 @dataclass
@@ -43,26 +46,30 @@ class DatasetInfo:
 class Splits:
     """The training, validation and test structures of one run."""
 
-    train: list[Structure]
-    validation: list[Structure]
-    test: list[Structure]
+    train: StructureSet
+    validation: StructureSet
+    test: StructureSet
     info: DatasetInfo
-    #: for each set, (file, index in file) of every structure, saved in the run folder
-    origins: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    @property
+    def sets(self) -> dict[str, StructureSet]:
+        """Each set by the name of its indices file in the run folder."""
+        return {"training": self.train, "validation": self.validation, "test": self.test}
+
+    @property
+    def origins(self) -> dict[str, list[tuple[str, int]]]:
+        """(file, index in it) of every structure of each set, as its indices file lists them."""
+        return {
+            name: [(path, int(i)) for path, numbers in structures.origins() for i in numbers]
+            for name, structures in self.sets.items()
+        }
 
     def fingerprint(self) -> str:
         """A digest of every structure of every set, in order, with its reference values:
         a restart checks with it that it trains on the very same data (wherever its file is)."""
         digest = hashlib.sha256()
         for structures in (self.train, self.validation, self.test):
-            digest.update(len(structures).to_bytes(8, "little"))
-            for structure in structures:
-                for tensor in (structure.types, structure.positions, structure.cell, structure.pbc):
-                    digest.update(tensor.contiguous().numpy().tobytes())
-                for values in (structure.values, structure.forces, structure.stress):
-                    for name in sorted(values):
-                        digest.update(name.encode())
-                        digest.update(values[name].contiguous().numpy().tobytes())
+            structures.update_digest(digest)
         return digest.hexdigest()
 
 
@@ -74,9 +81,29 @@ def _learned(targets: list[TargetInfo]) -> dict[str, str]:
     }
 
 
-def _read_blocks(value: Any, where: str, base_dir: Path):
+def read_block(block: DatasetOptions, base_dir: Path, where: str) -> tuple[StructureSet, list[TargetInfo], Path]:
+    """The structures of one dataset block, read into memory or opened on disk when converted."""
+    if is_converted(block.systems.read_from):
+        structures, targets = open_converted(block, base_dir, where)
+        return structures, targets, structures.store.path
+    read, targets, path = read_dataset(block, base_dir, where)
+    return InMemorySet(read, [(str(path), j) for j in range(len(read))]), targets, path
+
+
+def _read_blocks(value: Any, where: str, base_dir: Path) -> tuple[StructureSet, list[TargetInfo]]:
+    blocks = parse_dataset_list(value, where)
+    converted = [is_converted(block.systems.read_from) for block in blocks]
+    if any(converted):
+        if len(blocks) > 1:
+            raise DataError(
+                f"'{where}' lists {len(blocks)} datasets, {sum(converted)} of them converted: a set made of "
+                "a converted dataset cannot take other datasets yet.",
+                hint="Convert all of them into one dataset: the dataset file of `mtt data convert` takes a "
+                "list of blocks.",
+            )
+        return open_converted(blocks[0], base_dir, where)
     structures, origins, targets = [], [], None
-    for i, block in enumerate(parse_dataset_list(value, where)):
+    for i, block in enumerate(blocks):
         block_where = where if not isinstance(value, list) else f"{where}[{i}]"
         read, block_targets, path = read_dataset(block, base_dir, block_where)
         if targets is None:
@@ -89,10 +116,12 @@ def _read_blocks(value: Any, where: str, base_dir: Path):
             )
         structures.extend(read)
         origins.extend((str(path), j) for j in range(len(read)))
-    return structures, origins, targets or []
+    return InMemorySet(structures, origins), targets or []
 
 
-def _split_off(fraction: Any, where: str, pool: list[int], total: int, generator: torch.Generator, allow_empty: bool):
+def _split_off(
+    fraction: Any, where: str, pool: np.ndarray, total: int, generator: torch.Generator, allow_empty: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Draw ``fraction`` of all ``total`` training structures out of ``pool``."""
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction < 1:
         raise OptionsError(f"'{where}' must be a fraction in [0, 1) or a dataset, got {fraction!r}.")
@@ -102,25 +131,23 @@ def _split_off(fraction: Any, where: str, pool: list[int], total: int, generator
             f"'{where}: {fraction}' of {total} training structures leaves the {where.replace('_set', '')} set empty.",
             hint="Use a larger fraction, more data, or give that set as its own file.",
         )
-    order = torch.randperm(len(pool), generator=generator).tolist()
-    chosen = sorted(pool[i] for i in order[:count])
-    rest = sorted(pool[i] for i in order[count:])
-    return chosen, rest
+    order = torch.randperm(len(pool), generator=generator).numpy()
+    return np.sort(pool[order[:count]]), np.sort(pool[order[count:]])
 
 
 def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
     """Read every dataset of the options and split off validation and test fractions."""
-    train, train_origins, targets = _read_blocks(options["training_set"], "training_set", base_dir)
+    train, targets = _read_blocks(options["training_set"], "training_set", base_dir)
     generator = torch.Generator().manual_seed(seed)
-    pool = list(range(len(train)))
-    sets: dict[str, tuple[list[Structure], list]] = {}
+    pool = np.arange(len(train))
+    sets: dict[str, StructureSet] = {}
     for name, allow_empty in (("validation_set", False), ("test_set", True)):
         value = options.get(name, 0.1)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             chosen, pool = _split_off(value, name, pool, len(train), generator, allow_empty)
-            sets[name] = ([train[i] for i in chosen], [train_origins[i] for i in chosen])
+            sets[name] = train.subset(chosen)
         else:
-            read, origins, set_targets = _read_blocks(value, name, base_dir)
+            read, set_targets = _read_blocks(value, name, base_dir)
             # every set is evaluated on every term of the training loss
             if _learned(set_targets) != _learned(targets):
                 raise DataError(
@@ -129,8 +156,8 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
                     hint=f"Read the same targets, with the same forces and stress, in '{name}' "
                     "(set forces/stress to off in the training set to learn without them).",
                 )
-            sets[name] = (read, origins)
-    if not pool:
+            sets[name] = read
+    if not len(pool):
         raise DataError(
             "the validation and test fractions leave no structure for training.",
             hint="Lower 'validation_set' and 'test_set'.",
@@ -140,35 +167,25 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
             "'training_set.targets' is empty: there is nothing to learn.",
             hint="Add a target, e.g. targets: {energy: {key: energy, unit: eV}}.",
         )
-    training = [train[i] for i in pool]
-    atomic_types = sorted({int(t) for s in training for t in s.types})
-    for name, (structures, origins) in sets.items():
-        for structure, (path, index) in zip(structures, origins):
-            missing = sorted({int(t) for t in structure.types} - set(atomic_types))
-            if missing:
-                elements = ", ".join(f"{chemical_symbols[z]} (atomic number {z})" for z in missing)
-                # the seed only matters for a set split off the training data
-                split_off = isinstance(options.get(name, 0.1), (int, float))
-                remedy = (
-                    "move such structures to the training set or change the split seed"
-                    if split_off
-                    else f"add structures with {', '.join(chemical_symbols[z] for z in missing)} to the "
-                    f"training set, or remove this one from the {name.replace('_', ' ')}"
-                )
-                raise DataError(
-                    f"structure {index} of '{path}' in the {name.replace('_', ' ')} has "
-                    f"{elements}, which no training structure has.",
-                    hint=f"The model cannot predict elements it never saw: {remedy}.",
-                )
+    training = train.subset(pool)
+    atomic_types = sorted(z for z, n in training.type_counts().items() if n > 0)
+    for name, structures in sets.items():
+        missing = {z for z, n in structures.type_counts().items() if n > 0} - set(atomic_types)
+        if missing:
+            path, index, present = structures.first_with(missing)
+            elements = ", ".join(f"{chemical_symbols[z]} (atomic number {z})" for z in present)
+            # the seed only matters for a set split off the training data
+            split_off = isinstance(options.get(name, 0.1), (int, float))
+            remedy = (
+                "move such structures to the training set or change the split seed"
+                if split_off
+                else f"add structures with {', '.join(chemical_symbols[z] for z in present)} to the "
+                f"training set, or remove this one from the {name.replace('_', ' ')}"
+            )
+            raise DataError(
+                f"structure {index} of '{path}' in the {name.replace('_', ' ')} has "
+                f"{elements}, which no training structure has.",
+                hint=f"The model cannot predict elements it never saw: {remedy}.",
+            )
     info = DatasetInfo(atomic_types=atomic_types, targets={t.name: t for t in targets})
-    return Splits(
-        train=training,
-        validation=sets["validation_set"][0],
-        test=sets["test_set"][0],
-        info=info,
-        origins={
-            "training": [train_origins[i] for i in pool],
-            "validation": sets["validation_set"][1],
-            "test": sets["test_set"][1],
-        },
-    )
+    return Splits(train=training, validation=sets["validation_set"], test=sets["test_set"], info=info)

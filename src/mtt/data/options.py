@@ -7,9 +7,18 @@ validation and test sets are a fraction of the training set, a block or a list o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from ..schema import REQUIRED, option, parse_options
+
+#: the extension of converted datasets (``mtt data convert``, :mod:`mtt.data.store`)
+CONVERTED_EXTENSION = ".mttdata"
+
+
+def is_converted(path: str | Path) -> bool:
+    """Whether ``path`` names a converted dataset (by its extension)."""
+    return str(path).rstrip("/").endswith(CONVERTED_EXTENSION)
 
 
 @dataclass
@@ -81,10 +90,15 @@ def expand_short_forms(value: Any) -> Any:
     Expanded before composition too, so that an override such as
     ``training_set.targets.energy.unit=kcal/mol`` applies to a file that used a short form.
     As in metatrain, a bare file name reads an ``energy`` target (with forces and stress
-    when the file has them).
+    when the file has them); a converted dataset (``mtt data convert``) reads every target
+    it holds. ``{read_from: file}`` is the file alone.
     """
     if isinstance(value, list):
         return [expand_short_forms(block) for block in value]
+    if isinstance(value, dict) and set(value) == {"read_from"}:  # {read_from: file}: the file alone
+        value = value["read_from"]
+    if isinstance(value, str) and is_converted(value):  # it knows its targets: all of them
+        return {"systems": {"read_from": value}}
     if isinstance(value, str):
         return {"systems": {"read_from": value}, "targets": {"energy": {"key": "energy"}}}
     if isinstance(value, dict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import ase
 import ase.io
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from .options import DatasetOptions, DerivativeOptions, TargetOptions
+from .options import DatasetOptions, DerivativeOptions
 from .units import energy_factor, length_factor, property_factor
 
 
@@ -42,6 +43,8 @@ class Structure:
     values: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (1,)
     forces: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (n_atoms, 3)
     stress: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (3, 3)
+    #: (file, index in it): the same structure has the same key, however often it is read
+    key: tuple[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.types)
@@ -53,6 +56,20 @@ def resolve_path(path: str, base_dir: Path) -> Path:
     return candidate if candidate.is_absolute() else base_dir / candidate
 
 
+def parsed_by_ase(path: Path, parse: Callable[[], Any]) -> Any:
+    """What ``parse`` reads from ``path`` with ASE, whose many errors are told as one."""
+    try:
+        return parse()
+    except DataError:
+        raise
+    except Exception as error:  # ASE raises many types for malformed files
+        raise DataError(
+            f"could not read '{path}' with ASE: {type(error).__name__}: {error}",
+            hint="Check that the file is complete and in a format ASE reads (the extension "
+            "selects the format, e.g. .xyz for extended XYZ).",
+        ) from error
+
+
 def read_frames(path: Path) -> list[ase.Atoms]:
     """All frames of a file, with a clear error for missing or malformed files."""
     if not path.exists():
@@ -60,14 +77,7 @@ def read_frames(path: Path) -> list[ase.Atoms]:
             f"dataset file '{path}' does not exist.",
             hint="Check 'read_from' in the options; relative paths are taken from the folder of the options file.",
         )
-    try:
-        frames = ase.io.read(path, index=":")
-    except Exception as error:  # ASE raises many types for malformed files
-        raise DataError(
-            f"could not read '{path}' with ASE: {type(error).__name__}: {error}",
-            hint="Check that the file is complete and in a format ASE reads (the extension "
-            "selects the format, e.g. .xyz for extended XYZ).",
-        ) from error
+    frames = parsed_by_ase(path, lambda: ase.io.read(path, index=":"))
     if not isinstance(frames, list):
         frames = [frames]
     if len(frames) == 0:
@@ -140,13 +150,76 @@ def _derivative_key(
     return option
 
 
-def read_dataset(options: DatasetOptions, base_dir: Path, where: str) -> tuple[list[Structure], list[TargetInfo], Path]:
-    """Read one dataset block: its structures and target descriptions."""
-    path = resolve_path(options.systems.read_from, base_dir)
-    frames = read_frames(path)
-    l_factor = length_factor(options.systems.length_unit, f"{where}.systems.length_unit")
+@dataclass
+class _TargetReading:
+    """How one target is read from each frame: its keys and unit factor."""
 
-    targets: list[tuple[TargetInfo, TargetOptions, float, str | None, str | None, str | None]] = []
+    info: TargetInfo
+    key: str
+    factor: float
+    forces: str | None
+    stress: str | None
+    virial: str | None
+
+
+@dataclass
+class DatasetReading:
+    """How the frames of one dataset file become structures: the file, the length factor
+    and every target's keys. Made from the options and the first frame, then applied to
+    every frame, in this process or in the workers of ``mtt data convert``."""
+
+    path: Path
+    length_factor: float
+    targets: list[_TargetReading]
+
+    @property
+    def infos(self) -> list[TargetInfo]:
+        return [t.info for t in self.targets]
+
+    def structure(self, atoms: ase.Atoms, index: int) -> Structure:
+        """The structure of frame ``index``, in internal units, with every target's values."""
+        path, l_factor = self.path, self.length_factor
+        positions = torch.tensor(atoms.positions * l_factor, dtype=torch.float64)
+        pbc = torch.tensor(atoms.pbc, dtype=torch.bool)
+        cell = torch.tensor(atoms.cell.array * l_factor, dtype=torch.float64)
+        cell = torch.where(pbc[:, None], cell, torch.zeros_like(cell))
+        structure = Structure(
+            types=torch.tensor(atoms.numbers, dtype=torch.int32),
+            positions=positions,
+            cell=cell,
+            pbc=pbc,
+            key=(str(path), index),
+        )
+        for target in self.targets:
+            info, key, factor = target.info, target.key, target.factor
+            value = _require(atoms, key, False, index, path, f"target '{info.name}'")
+            if value.size != 1:
+                raise DataError(
+                    f"target '{info.name}' (key '{key}') in structure {index} of '{path}' "
+                    f"has {value.size} values, expected one number per structure.",
+                )
+            # float64 explicitly: torch's default float32 would round energies of ~1e4 eV by ~1 meV
+            structure.values[info.name] = torch.tensor([float(value.reshape(()))], dtype=torch.float64) * factor
+            if target.forces is not None:
+                array = _require(atoms, target.forces, True, index, path, f"forces of '{info.name}'")
+                if array.shape != (len(atoms), 3):
+                    raise DataError(
+                        f"forces '{target.forces}' in structure {index} of '{path}' have shape "
+                        f"{array.shape}, expected ({len(atoms)}, 3).",
+                    )
+                structure.forces[info.name] = torch.tensor(array) * (factor / l_factor)
+            if target.stress is not None or target.virial is not None:
+                structure.stress[info.name] = _read_stress(
+                    atoms, target.stress, target.virial, index, path, info.name, factor, l_factor
+                )
+        return structure
+
+
+def plan_reading(options: DatasetOptions, first: ase.Atoms, path: Path, base_dir: Path, where: str) -> DatasetReading:
+    """How to read the dataset of ``options`` whose first frame is ``first``."""
+    frames = [first]
+    l_factor = length_factor(options.systems.length_unit, f"{where}.systems.length_unit")
+    targets = []
     for name, target in options.targets.items():
         twhere = f"{where}.targets.{name}"
         if target.read_from is not None and resolve_path(target.read_from, base_dir) != path:
@@ -183,44 +256,17 @@ def read_dataset(options: DatasetOptions, base_dir: Path, where: str) -> tuple[l
             stress=stress is not None or virial is not None,
             description=target.description,
         )
-        targets.append((info, target, factor, forces, stress, virial))
+        targets.append(_TargetReading(info, target.key or name, factor, forces, stress, virial))
+    return DatasetReading(path, l_factor, targets)
 
-    structures = []
-    for index, atoms in enumerate(frames):
-        positions = torch.tensor(atoms.positions * l_factor, dtype=torch.float64)
-        pbc = torch.tensor(atoms.pbc, dtype=torch.bool)
-        cell = torch.tensor(atoms.cell.array * l_factor, dtype=torch.float64)
-        cell = torch.where(pbc[:, None], cell, torch.zeros_like(cell))
-        structure = Structure(
-            types=torch.tensor(atoms.numbers, dtype=torch.int32),
-            positions=positions,
-            cell=cell,
-            pbc=pbc,
-        )
-        for info, target, factor, forces, stress, virial in targets:
-            key = target.key or info.name
-            value = _require(atoms, key, False, index, path, f"target '{info.name}'")
-            if value.size != 1:
-                raise DataError(
-                    f"target '{info.name}' (key '{key}') in structure {index} of '{path}' "
-                    f"has {value.size} values, expected one number per structure.",
-                )
-            # float64 explicitly: torch's default float32 would round energies of ~1e4 eV by ~1 meV
-            structure.values[info.name] = torch.tensor([float(value.reshape(()))], dtype=torch.float64) * factor
-            if forces is not None:
-                array = _require(atoms, forces, True, index, path, f"forces of '{info.name}'")
-                if array.shape != (len(atoms), 3):
-                    raise DataError(
-                        f"forces '{forces}' in structure {index} of '{path}' have shape "
-                        f"{array.shape}, expected ({len(atoms)}, 3).",
-                    )
-                structure.forces[info.name] = torch.tensor(array) * (factor / l_factor)
-            if stress is not None or virial is not None:
-                structure.stress[info.name] = _read_stress(
-                    atoms, stress, virial, index, path, info.name, factor, l_factor
-                )
-        structures.append(structure)
-    return structures, [t[0] for t in targets], path
+
+def read_dataset(options: DatasetOptions, base_dir: Path, where: str) -> tuple[list[Structure], list[TargetInfo], Path]:
+    """Read one dataset block: its structures and target descriptions."""
+    path = resolve_path(options.systems.read_from, base_dir)
+    frames = read_frames(path)
+    reading = plan_reading(options, frames[0], path, base_dir, where)
+    structures = [reading.structure(atoms, index) for index, atoms in enumerate(frames)]
+    return structures, reading.infos, path
 
 
 def _read_stress(

@@ -37,11 +37,13 @@ class PrecomputedInputs:
         self.batch_of = batch_of
         self.used = 0
         self.full = budget_mb <= 0
-        self.kept: dict[int, dict[str, torch.Tensor]] = {}  # structure -> its rows, by name
+        self.kept: dict[object, dict[str, torch.Tensor]] = {}  # structure's key -> its rows, by name
 
     def _data(self, structure: Structure) -> dict[str, torch.Tensor] | None:
         """The structure's kept data, computed the first time, if it fits."""
-        data = self.kept.get(id(structure))
+        # streamed structures are new objects at every epoch: kept by where they come from
+        key = structure.key if structure.key is not None else id(structure)
+        data = self.kept.get(key)
         if data is None and not self.full:
             with torch.no_grad():
                 data = self.model.precompute(self.batch_of(structure), self.derivatives)
@@ -56,7 +58,7 @@ class PrecomputedInputs:
                 )
                 return None
             self.used += size
-            self.kept[id(structure)] = data
+            self.kept[key] = data
         return data
 
     def keep(self, structures: list[Structure], batch: FlatBatch) -> None:

@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
+import numpy as np
 import torch
 
 from ..data.dataset import DatasetInfo
-from ..data.readers import Structure
+from ..data.structure_sets import StructureSet
+from ..distributed import DistributedEnvironment, share
 from ..errors import OptionsError
 from .loss import Term
+
+#: structures whose statistics are summed at once: bounds the memory of a pass
+CHUNK = 65536
+
+
+def _summed(
+    structures: StructureSet,
+    environment: DistributedEnvironment,
+    chunk_sums: Callable[[int, int], torch.Tensor],
+    size: int,
+) -> torch.Tensor:
+    """The sum over every chunk of the set of ``chunk_sums(start, stop)`` (a float64 vector):
+    each rank sums its own chunks, then the ranks' sums are added."""
+    starts = share(list(range(0, len(structures), CHUNK)), environment.rank, environment.world_size)
+    total = torch.zeros(size, dtype=torch.float64)
+    for start in starts:
+        total += chunk_sums(start, min(start + CHUNK, len(structures)))
+    return environment.all_reduce_sum(total)
 
 
 def fit_baseline(
     model: torch.nn.Module,
-    structures: list[Structure],
+    structures: StructureSet,
     info: DatasetInfo,
     terms: list[Term],
     fixed: dict[str, dict[int, float]],
     scale_targets: bool | str,
+    environment: DistributedEnvironment,
 ) -> dict[str, float]:
     """Least-squares per-element values of each target, stored in the model.
 
@@ -27,42 +50,74 @@ def fit_baseline(
     dividing energies by their much smaller spread lets them drown the forces. With
     ``scale_targets`` the network output is scaled by the per-atom spread, or with
     ``"forces"`` by the RMS of the forces (times 1 Å) for energies learned with forces.
+
+    The structures are never held at once: the least-squares problem is solved from its
+    normal equations (atom counts are integers, so their products are exact), summed
+    chunk by chunk and over ranks, and the spreads from sums of squares.
     """
     types = info.atomic_types
-    counts = torch.zeros((len(structures), len(types)), dtype=torch.float64)
-    column = {t: i for i, t in enumerate(types)}
-    for row, structure in enumerate(structures):
-        for atomic_type, n in zip(*torch.unique(structure.types, return_counts=True)):
-            counts[row, column[int(atomic_type)]] = float(n)
-    n_atoms = counts.sum(dim=1)
+    names = list(info.targets)
+    squared = [(t.target, t.kind) for t in terms if t.kind != "values"]
+    n = len(types)
 
-    spreads = {}
-    for index, target in enumerate(info.targets.values()):
-        values = torch.cat([s.values[target.name] for s in structures]).double()
-        weights = torch.zeros(len(types), dtype=torch.float64)
-        given = fixed.get(target.name, {})
+    def first_pass(start: int, stop: int) -> torch.Tensor:
+        chunk = structures.statistics(types, start, stop)
+        counts = chunk.counts
+        parts = [(counts.T @ counts).reshape(-1)]
+        parts += [counts.T @ chunk.values[name] for name in names]
+        parts.append(np.array([v for key in squared for v in chunk.squares.get(key, (0.0, 0))], dtype=np.float64))
+        return torch.from_numpy(np.concatenate(parts))
+
+    sums = _summed(structures, environment, first_pass, n * n + len(names) * n + 2 * len(squared)).numpy()
+    gram = sums[: n * n].reshape(n, n)
+    weights_of = {}
+    for index, name in enumerate(names):
+        rhs = sums[n * n + index * n : n * n + (index + 1) * n]
+        given = fixed.get(name, {})
         unknown = set(given) - set(types)
         if unknown:
             raise OptionsError(
-                f"'architecture.training.fixed_composition_weights.{target.name}' has atomic "
+                f"'architecture.training.fixed_composition_weights.{name}' has atomic "
                 f"numbers {sorted(unknown)} that are not in the training set {types}."
             )
+        weights = np.zeros(n)
         free = [i for i, t in enumerate(types) if t not in given]
         for atomic_type, value in given.items():
-            weights[column[atomic_type]] = value
-        rest = values - counts @ weights
+            weights[types.index(atomic_type)] = value
         if free:
-            solution = torch.linalg.lstsq(counts[:, free], rest[:, None], driver="gelsd").solution
-            weights[free] = solution[:, 0]
-        residual = (values - counts @ weights) / n_atoms
-        spread = float(residual.std()) if len(residual) > 1 else 0.0
+            right = rhs[free] - gram[np.ix_(free, range(n))] @ weights
+            matrix, vector = torch.from_numpy(gram[np.ix_(free, free)]), torch.from_numpy(right)[:, None]
+            solution = torch.linalg.lstsq(matrix, vector, rcond=1e-12, driver="gelsd").solution
+            weights[free] = solution[:, 0].numpy()
+        weights_of[name] = weights
+    rms = {}
+    offset = n * n + len(names) * n
+    for k, key in enumerate(squared):
+        total, count = sums[offset + 2 * k], sums[offset + 2 * k + 1]
+        rms[key] = float(np.sqrt(total / count)) if count else 0.0
+
+    def second_pass(start: int, stop: int) -> torch.Tensor:
+        chunk = structures.statistics(types, start, stop)
+        atoms = chunk.counts.sum(axis=1)
+        parts = []
+        for name in names:
+            residual = (chunk.values[name] - chunk.counts @ weights_of[name]) / atoms
+            parts += [residual.sum(), np.square(residual).sum()]
+        return torch.tensor(parts, dtype=torch.float64)
+
+    residuals = _summed(structures, environment, second_pass, 2 * len(names)).numpy()
+    spreads = {}
+    count = len(structures)
+    for index, target in enumerate(info.targets.values()):
+        total, squares = residuals[2 * index], residuals[2 * index + 1]
+        variance = (squares - total * total / count) / (count - 1) if count > 1 else 0.0
+        spread = float(np.sqrt(max(variance, 0.0)))
         spread = spread if spread > 1e-12 else 1.0
-        model.composition.weights[:, index] = weights
+        model.composition.weights[:, index] = torch.from_numpy(weights_of[target.name])
         scale = spread if scale_targets else 1.0
         if scale_targets == "forces" and target.forces:
-            reference = torch.cat([s.forces[target.name].reshape(-1) for s in structures])
-            rms = float(reference.pow(2).mean().sqrt())
-            scale = rms if rms > 1e-12 else spread
+            force_rms = rms[(target.name, "forces")]
+            scale = force_rms if force_rms > 1e-12 else spread
         model.composition.scales[index] = scale
         spreads[target.name] = spread
 
@@ -71,9 +126,8 @@ def fit_baseline(
         if term.kind == "values":
             result[term.label] = spreads[term.target]
         else:
-            reference = torch.cat([getattr(s, term.kind)[term.target].reshape(-1) for s in structures])
-            rms = float(reference.pow(2).mean().sqrt())
-            result[term.label] = rms if rms > 1e-12 else 1.0
+            value = rms[(term.target, term.kind)]
+            result[term.label] = value if value > 1e-12 else 1.0
     for target in info.targets.values():
         if target.forces:
             force_label = next(t.label for t in terms if t.target == target.name and t.kind == "forces")

@@ -49,6 +49,13 @@ class TrainerHypers:
     """How the model is trained; read from ``architecture.training``."""
 
     batch_size: int = option(16, "Structures per optimisation step.")
+    max_atoms_per_batch: Optional[int] = option(
+        None,
+        "Pack batches by atom count instead of batch_size: each optimisation step takes structures of the "
+        "shuffled order until the next would bring its atoms above this number (per rank; with N ranks a step "
+        "holds up to N times as many, shared by atom count). For sets whose structures range from a few "
+        "atoms to hundreds. null: batch_size structures per step.",
+    )
     num_epochs: int = option(100, "Passes over the training set.")
     learning_rate: float = option(0.01, "Peak learning rate, reached after the warm-up.")
     optimizer: Literal["adam", "adamw"] = option("adam", "Optimiser.")
@@ -103,6 +110,12 @@ class TrainerHypers:
         "need, about 0.25 MB per ethanol molecule). Structures "
         "beyond it are computed at every step, with the same results; 0 keeps nothing.",
     )
+    num_workers: Optional[int] = option(
+        None,
+        "Processes that read and prepare batches ahead of the training step (torch DataLoader workers), "
+        "per rank. null: none for datasets held in memory; for converted datasets streamed from disk, a "
+        "quarter of the rank's cores, from 1 to 4. The numbers do not depend on it.",
+    )
 
     early_stopping_patience: Optional[int] = option(
         None,
@@ -129,6 +142,8 @@ class TrainerHypers:
             ("checkpoint_interval", self.checkpoint_interval, self.checkpoint_interval >= 1, ">= 1"),
             ("log_interval", self.log_interval, self.log_interval >= 1, ">= 1"),
             ("cache_memory_mb", self.cache_memory_mb, self.cache_memory_mb >= 0, ">= 0"),
+            ("num_workers", self.num_workers, _unset_or(self.num_workers, 0), ">= 0 or null"),
+            ("max_atoms_per_batch", self.max_atoms_per_batch, _unset_or(self.max_atoms_per_batch, 1), ">= 1 or null"),
             ("ema_decay", self.ema_decay, self.ema_decay is None or 0 < self.ema_decay < 1, "in (0, 1) or null"),
             (
                 "early_stopping_patience",

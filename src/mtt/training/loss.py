@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -106,20 +107,23 @@ class Loss:
         return sum(self.per_term(predictions, batch).values())
 
 
-def term_shares(terms: list[Term], mine: list, everyone: list, world_size: int) -> dict[str, float]:
+def term_shares(
+    terms: list[Term], mine_atoms: Sequence[int], everyone_atoms: Sequence[int], world_size: int
+) -> dict[str, float]:
     """Factors that make the average over ranks of their losses the loss of the whole batch.
 
     Each term is a mean over its own elements (structures, force components...), so a rank
     weighs its mean by its share of those elements in the global batch, times the number of
-    ranks that the gradient average divides by.
+    ranks that the gradient average divides by. The atom counts of the structures of this
+    rank and of the whole batch give those shares without reading the other ranks' structures.
     """
 
-    def elements(term: Term, structures: list) -> int:
+    def elements(term: Term, atoms: Sequence[int]) -> int:
         if term.kind == "forces":
-            return 3 * sum(len(s) for s in structures)
-        return len(structures) * (9 if term.kind == "stress" else 1)
+            return 3 * int(sum(atoms))
+        return len(atoms) * (9 if term.kind == "stress" else 1)
 
-    return {t.label: world_size * elements(t, mine) / elements(t, everyone) for t in terms}
+    return {t.label: world_size * elements(t, mine_atoms) / elements(t, everyone_atoms) for t in terms}
 
 
 class Metrics:

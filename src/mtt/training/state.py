@@ -49,6 +49,7 @@ class TrainingState:
     best_validation: dict[str, float] = field(default_factory=dict)  # its validation errors
     plateau_state: dict | None = None  # the reduce-on-plateau schedule's (see .plateau)
     global_batch_size: int = 0  # structures per step, all ranks together; 0 when unknown
+    global_max_atoms: int = 0  # with packed batches: atoms per step at most, all ranks together
     data_fingerprint: str = ""  # of the split structures (Splits.fingerprint); "" when unknown
 
     def save(self, path: Path, model: torch.nn.Module) -> None:

@@ -9,15 +9,19 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+import numpy as np
 import torch
 
+from .. import STARTED
 from ..architectures import Architecture, blame_architecture
-from ..data.batching import Batch, batch_indices, flat_batch_of, make_batch
+from ..data.batching import Batch, batch_indices, flat_batch_of, make_batch, packed_batches, share_by_atoms
 from ..data.dataset import DatasetInfo
+from ..data.loading import BatchLoader, default_workers
 from ..data.readers import Structure
+from ..data.structure_sets import StructureSet, sample_for_statistics
 from ..distributed import DistributedEnvironment, share
 from ..errors import TrainingDiverged
-from ..outputs import LOGGER, MetricsCsv
+from ..outputs import FILE_LOGGER, LOGGER, MetricsCsv
 from ..terminal import EpochTable
 from .averaging import WeightAverage
 from .cache import PrecomputedInputs
@@ -54,8 +58,12 @@ class Trainer:
     """Optimises a model on the training set, validating after every epoch.
 
     ``batch_size`` is per rank: with N ranks each optimisation step sees N times as many
-    structures, split contiguously from the same shuffled order a single process uses.
+    structures, split contiguously from the same shuffled order a single process uses;
+    each rank reads only its part.
     """
+
+    #: structures an architecture's statistics of the training set are taken from, at most
+    ADAPT_LIMIT = 10_000
 
     def __init__(
         self,
@@ -79,6 +87,47 @@ class Trainer:
         self.needs_forces = any(t.forces for t in info.targets.values())
         self.needs_stress = any(t.stress for t in info.targets.values())
         self.precomputed: PrecomputedInputs | None = None
+        self.loaders: dict[int, BatchLoader] = {}
+        self.requests: list = []  # the model's neighbour lists, computed by the loaders
+        self._train_set = 0  # id of the training set
+        self.training_seconds = 0.0  # in the training steps, waiting for data included
+        self.first_step_logged = False
+
+    def loader(self, structures: StructureSet, model: torch.nn.Module) -> BatchLoader:
+        """The loader of a set, made once (its workers stay for the whole run)."""
+        if id(structures) not in self.loaders:
+            with blame_architecture(self.architecture):
+                self.requests = model.requested_neighbor_lists()
+            workers = self.hypers.num_workers
+            if workers is None:
+                workers = default_workers(structures, self.environment.world_size)
+            self.loaders[id(structures)] = BatchLoader(structures, self.requests, self.device, workers)
+        return self.loaders[id(structures)]
+
+    def describe_loading(self, epochs: int) -> str:
+        """How many training structures each rank read per epoch, and how much of the training
+        steps' time went to waiting for them; on every rank (a collective)."""
+        loader = self.loaders.get(self._train_set)
+        environment = self.environment
+        read = torch.zeros(environment.world_size, dtype=torch.float64)
+        if loader is not None:
+            read[environment.rank if environment.enabled else 0] = loader.structures_read / max(epochs, 1)
+        read = environment.all_reduce_sum(read)
+        if loader is None or self.training_seconds <= 0:
+            return "no training step"
+        per_rank = ", ".join(f"{count:.0f}" for count in read.tolist())
+        return (
+            f"structures read per epoch by each rank: {per_rank}; {loader.waited:.1f} s of "
+            f"{self.training_seconds:.1f} s of training steps on this rank waiting for data "
+            f"({100 * loader.waited / self.training_seconds:.1f}%), {loader.workers} worker"
+            f"{'s' if loader.workers != 1 else ''} per rank"
+        )
+
+    def close(self) -> None:
+        """Stop the loaders' workers."""
+        for loader in self.loaders.values():
+            loader.close()
+        self.loaders.clear()
 
     # -- optimiser and learning rate ----------------------------------------------------
     def make_optimizer(self, model: torch.nn.Module) -> FusedAdam:
@@ -125,29 +174,50 @@ class Trainer:
             keep=kept.keep if kept is not None else None,
         )
 
-    def adapt(self, model: torch.nn.Module, structures: list[Structure]) -> None:
-        """Let the architecture take its statistics of the training set (``Model.adapt_to_data``)."""
+    def adapt(self, model: torch.nn.Module, structures: StructureSet) -> None:
+        """Let the architecture take its statistics of the training set (``Model.adapt_to_data``),
+        from at most :attr:`ADAPT_LIMIT` of its structures."""
         size = self.hypers.batch_size
+        chosen = sample_for_statistics(len(structures), self.ADAPT_LIMIT, self.seed)
+        items = [chosen[start : start + size] for start in range(0, len(chosen), size)]
         batches = (
-            make_batch(structures[start : start + size], self.dtype, self.device, False, False).flat
-            for start in range(0, len(structures), size)
+            make_batch(read, self.dtype, self.device, False, False).flat
+            for read in self.loader(structures, model).batches(items)
         )
         with torch.no_grad(), blame_architecture(self.architecture):
             model.adapt_to_data(batches)
 
-    def global_batches(self, n_structures: int, epoch: int) -> list[list[int]]:
-        """The shuffled batches of an epoch, the same on every rank and for any rank count."""
+    def global_batches(self, structures: StructureSet, epoch: int) -> list[list[int]]:
+        """The shuffled batches of an epoch, the same on every rank and for any rank count:
+        ``batch_size`` structures per rank, or packed to ``max_atoms_per_batch`` atoms per rank."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        size = self.hypers.batch_size * self.environment.world_size
-        return batch_indices(n_structures, size, generator)
+        world_size = self.environment.world_size
+        if self.hypers.max_atoms_per_batch is None:
+            return batch_indices(len(structures), self.hypers.batch_size * world_size, generator)
+        order = torch.randperm(len(structures), generator=generator).tolist()
+        return packed_batches(order, structures.n_atoms, self.hypers.max_atoms_per_batch * world_size)
 
-    def evaluate(self, model: torch.nn.Module, structures: list[Structure], loss: Loss | None) -> Metrics:
+    def share(self, indices: list[int], n_atoms: np.ndarray) -> list[int]:
+        """This rank's part of a global batch: as many structures as every other rank, or
+        with packed batches about as many atoms."""
+        environment = self.environment
+        if self.hypers.max_atoms_per_batch is None:
+            return share(indices, environment.rank, environment.world_size)
+        return share_by_atoms(indices, n_atoms, environment.rank, environment.world_size)
+
+    def set_batches(self, structures: StructureSet) -> list[list[int]]:
+        """Batches of this rank's part of a set to evaluate, in order."""
+        mine = share(list(range(len(structures))), self.environment.rank, self.environment.world_size)
+        if self.hypers.max_atoms_per_batch is not None:
+            return packed_batches(mine, structures.n_atoms, self.hypers.max_atoms_per_batch)
+        return [[mine[i] for i in batch] for batch in batch_indices(len(mine), self.hypers.batch_size, None)]
+
+    def evaluate(self, model: torch.nn.Module, structures: StructureSet, loss: Loss | None) -> Metrics:
         """Errors of ``model`` over a whole set; each rank takes a part, sums are reduced."""
         metrics = Metrics(self.terms)
         model.eval()
-        mine = share(list(range(len(structures))), self.environment.rank, self.environment.world_size)
-        for indices in batch_indices(len(mine), self.hypers.batch_size, None):
-            batch = self.batch([structures[mine[i]] for i in indices])
+        for read in self.loader(structures, model).batches(self.set_batches(structures)):
+            batch = self.batch(read)
             with blame_architecture(self.architecture):
                 predictions = predict(model, batch, self.info, create_graph=False)
             metrics.update(predictions, batch, loss)
@@ -162,14 +232,16 @@ class Trainer:
         scheduler: LearningRateSchedule | None,
         parameters: list[torch.Tensor],
         structures: list[Structure],
+        mine: list[int],
         indices: list[int],
+        n_atoms: np.ndarray,
         epoch: int,
         metrics: Metrics,
     ) -> None:
-        """One optimisation step on this rank's part of a global batch."""
+        """One optimisation step on this rank's part ``mine`` of the global batch ``indices``,
+        whose ``structures`` were read (the first of the batch when this rank has none)."""
         environment = self.environment
-        mine = share(indices, environment.rank, environment.world_size)
-        batch = self.batch([structures[i] for i in (mine or indices[:1])])
+        batch = self.batch(structures)
         with blame_architecture(self.architecture):
             predictions = predict(model, batch, self.info, create_graph=optimizer is not None)
         terms = loss.per_term(predictions, batch)
@@ -182,9 +254,7 @@ class Trainer:
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
             # each term's mean, rescaled by this rank's share of its elements (see term_shares)
-            shares = term_shares(
-                self.terms, [structures[i] for i in mine], [structures[i] for i in indices], environment.world_size
-            )
+            shares = term_shares(self.terms, n_atoms[mine], n_atoms[indices], environment.world_size)
             # gradients of the weights only: the positions and strains are leaves too, and
             # their second derivatives would cost a quarter of the step for nothing
             sum(terms[label] * share for label, share in shares.items()).backward(inputs=parameters)
@@ -214,8 +284,8 @@ class Trainer:
     def fit(
         self,
         model: torch.nn.Module,
-        train: list[Structure],
-        validation: list[Structure],
+        train: StructureSet,
+        validation: StructureSet,
         state: TrainingState,
         run_folder: Path,
     ) -> TrainingState:
@@ -243,7 +313,7 @@ class Trainer:
         stage_start = hypers.final_stage_start()
         parameters = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.make_optimizer(model) if parameters else None
-        steps_per_epoch = len(self.global_batches(len(train), 1))
+        steps_per_epoch = len(self.global_batches(train, 1))  # packed batches: about as many every epoch
         scheduler = average = None
         plateau = None
         if hypers.schedule == "plateau":
@@ -266,6 +336,9 @@ class Trainer:
             LOGGER.info("%s has no trainable parameters: only its baseline is fitted", self.architecture.name)
 
         csv = MetricsCsv(run_folder / "metrics.csv") if main else None
+        loader = self.loader(train, model)
+        loader.waited, loader.structures_read = 0.0, 0
+        self._train_set = id(train)
         units = Metrics(self.terms).units()
         progress = None
 
@@ -287,13 +360,33 @@ class Trainer:
                     train_metrics = Metrics(self.terms)
                     if state.partial_train_metrics is not None and main:  # already summed over ranks
                         train_metrics.load_tensor(state.partial_train_metrics)
-                    batches = self.global_batches(len(train), epoch)
-                    for number in range(state.batches_done, len(batches)):
+                    batches = self.global_batches(train, epoch)
+                    first = state.batches_done
+                    n_atoms = train.n_atoms
+                    shares = [self.share(b, n_atoms) for b in batches[first:]]
+                    items = [mine or b[:1] for mine, b in zip(shares, batches[first:])]
+                    steps_started = time.monotonic()
+                    for number, read in enumerate(loader.batches(items), start=first):
                         self._step(
-                            model, loss, optimizer, scheduler, parameters, train, batches[number], epoch, train_metrics
+                            model,
+                            loss,
+                            optimizer,
+                            scheduler,
+                            parameters,
+                            read,
+                            shares[number - first],
+                            batches[number],
+                            n_atoms,
+                            epoch,
+                            train_metrics,
                         )
                         if average is not None:
                             average.update()
+                        if not self.first_step_logged and main:
+                            self.first_step_logged = True
+                            FILE_LOGGER.info(
+                                "first optimisation step done %.1f s after mtt started", time.monotonic() - STARTED
+                            )
                         if progress is not None:
                             progress.step_done(epoch, number + 1, len(batches))
                         if self.environment.any_rank(signals.received is not None) and number + 1 < len(batches):
@@ -307,6 +400,7 @@ class Trainer:
                                 run_folder / "checkpoints" / f"epoch_{epoch - 1}_step_{number + 1}.ckpt",
                                 f"during epoch {epoch} after {number + 1} of {len(batches)} steps",
                             )
+                    self.training_seconds += time.monotonic() - steps_started
                     state.batches_done, state.partial_train_metrics = 0, None
                     train_metrics.load_tensor(self.environment.all_reduce_sum(train_metrics.as_tensor()))
 
