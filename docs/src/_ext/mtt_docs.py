@@ -233,11 +233,22 @@ def _plain_defaults(cls: type) -> dict:
 
 
 # -- the command line ---------------------------------------------------------------------
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def _subcommands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every command under ``parser``, by its name after ``mtt`` (``data convert`` for a
+    command of a command)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
+            found = {}
+            for name, subparser in action.choices.items():
+                found[prefix + name] = subparser
+                found.update(_subcommands(subparser, f"{prefix}{name} "))
+            return found
     return {}
+
+
+def _label(command: str) -> str:
+    """The reference label of a command's section: ``cli-data-convert`` for ``data convert``."""
+    return "cli-" + command.replace(" ", "-")
 
 
 def _option_signature(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
@@ -263,7 +274,8 @@ def _describe_parser(parser: argparse.ArgumentParser, program: str, underline: s
     commands = _subcommand_helps(parser)
     if commands:
         lines += ["Commands:", ""]
-        lines += [f"- :ref:`{program} {a.dest} <cli-{a.dest}>`: {a.help or ''}" for a in commands]
+        command = program.split(" ", 1)[1] + " " if " " in program else ""
+        lines += [f"- :ref:`{program} {a.dest} <{_label(command + a.dest)}>`: {a.help or ''}" for a in commands]
         lines.append("")
     lines += [f".. program:: {program}", ""]
     positionals = [a for a in parser._actions if not a.option_strings]
@@ -293,7 +305,7 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
     try:
         lines = _describe_parser(parser, parser.prog, "-", top=True)
         for name, subparser in _subcommands(parser).items():
-            lines += [f".. _cli-{name}:", ""]
+            lines += [f".. _{_label(name)}:", ""]
             lines += _describe_parser(subparser, f"{parser.prog} {name}", "-")
     finally:
         if previous is None:
