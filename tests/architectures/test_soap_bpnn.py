@@ -97,7 +97,7 @@ def test_training_keeps_the_descriptor():
     structures = emt_structures(2)
     compute_neighbor_lists(structures, model.requested_neighbor_lists())
     n_atoms = sum(len(s) for s in structures)
-    n_pairs = sum(len(s.neighbors[0][1].values) for s in structures)
+    n_pairs = sum(len(s.neighbors[0][1].samples) for s in structures)
     soap = model.soap
 
     def batch_of(structure):

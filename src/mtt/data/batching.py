@@ -25,36 +25,47 @@ import numpy as np
 import torch
 from metatensor.torch import Labels, TensorBlock
 from metatomic.torch import NeighborListOptions, System, register_autograd_neighbors
-from vesin.metatomic import NeighborList
+from vesin import NeighborList
 
 from ..errors import DataError
 from .flat_batch import FlatBatch, NeighborPairs
 from .readers import Structure
 
 
-def _in_order(block: TensorBlock) -> TensorBlock:
-    """The pairs sorted by first atom, second atom and cell shift: the calculator's order may
-    change from one call to the next, and a structure read again (streamed from disk) must
-    give the very same list as the kept inputs computed from it before."""
-    samples = block.samples.values
-    if len(samples) < 2:
-        return block
-    order = torch.from_numpy(np.lexsort(samples.numpy().T[::-1].copy()))
-    return TensorBlock(
-        block.values.index_select(0, order),
-        Labels(block.samples.names, samples.index_select(0, order)),
-        block.components,
-        block.properties,
+@dataclass
+class PairList:
+    """A structure's neighbour list, as the calculator gives it, sorted by first atom, second
+    atom and cell shift: the calculator's order may change from one call to the next, and a
+    structure read again (streamed from disk) must give the very same list as the kept
+    inputs computed from it before."""
+
+    samples: torch.Tensor  # (pairs, 5) int32: first atom, second atom, cell shift a, b, c
+    vectors: torch.Tensor  # (pairs, 3): from the first atom to the second
+
+
+#: the names metatomic gives the samples and components of a neighbour list
+_SAMPLE_NAMES = ["first_atom", "second_atom", "cell_shift_a", "cell_shift_b", "cell_shift_c"]
+
+
+def _calculator(options: NeighborListOptions) -> NeighborList:
+    return NeighborList(cutoff=options.engine_cutoff("angstrom"), full_list=options.full_list)
+
+
+def _pair_list(calculator: NeighborList, structure: Structure) -> PairList:
+    pairs, shifts, vectors = calculator.compute(
+        structure.positions.numpy(), structure.cell.numpy(), structure.pbc.numpy(), quantities="PSD"
     )
+    samples = np.concatenate([pairs, shifts], axis=1).astype(np.int32)
+    order = np.lexsort(samples.T[::-1])
+    return PairList(torch.from_numpy(samples[order]), torch.from_numpy(vectors[order]))
 
 
 def compute_neighbor_lists(structures: list[Structure], requests: list[NeighborListOptions]) -> None:
     """Compute and store on each structure the neighbour lists the model asks for."""
-    calculators = [NeighborList(options, "angstrom") for options in requests]
+    calculators = [_calculator(options) for options in requests]
     for structure in structures:
-        system = System(structure.types, structure.positions, structure.cell, structure.pbc)
         structure.neighbors = [
-            (options, _in_order(calculator.compute(system))) for options, calculator in zip(requests, calculators)
+            (options, _pair_list(calculator, structure)) for options, calculator in zip(requests, calculators)
         ]
 
 
@@ -63,15 +74,14 @@ def check_cutoff(structures: list[Structure], requests: list[NeighborListOptions
     no atom would see a neighbour, and the model would learn the composition alone."""
     if not requests or all(len(s) < 2 for s in structures):
         return
-    if any(len(block.values) > 0 for s in structures for _, block in s.neighbors):
+    if any(len(pairs.samples) > 0 for s in structures for _, pairs in s.neighbors):
         return
     cutoff = max(options.cutoff for options in requests)
     wide = NeighborListOptions(cutoff=max(10.0, 3 * cutoff), full_list=False, strict=True)
-    calculator = NeighborList(wide, "angstrom")
+    calculator = _calculator(wide)
     distances = []
     for structure in structures[:100]:
-        system = System(structure.types, structure.positions, structure.cell, structure.pbc)
-        vectors = calculator.compute(system).values.reshape(-1, 3)
+        vectors = _pair_list(calculator, structure).vectors
         if len(vectors):
             distances.append(float(torch.linalg.vector_norm(vectors, dim=1).min()))
     closest = f"{min(distances):.3g} Å" if distances else f"more than {wide.cutoff:g} Å"
@@ -123,7 +133,7 @@ class _Prepared:
     cell: torch.Tensor
     pbc: torch.Tensor
     volume: torch.Tensor
-    neighbors: list[tuple[NeighborListOptions, TensorBlock]]
+    neighbors: list[tuple[NeighborListOptions, PairList]]
     pairs: list[_Pairs]
     values: dict[str, torch.Tensor]
     forces: dict[str, torch.Tensor]
@@ -141,20 +151,12 @@ def _prepared(structure: Structure, dtype: torch.dtype, device: torch.device) ->
         cache.clear()  # one training dtype and device at a time
         cell = structure.cell.to(device=device, dtype=dtype)
         neighbors = [
-            (
-                options,
-                TensorBlock(
-                    block.values.to(device=device, dtype=dtype),
-                    block.samples.to(device),
-                    [c.to(device) for c in block.components],
-                    block.properties.to(device),
-                ),
-            )
-            for options, block in structure.neighbors
+            (options, PairList(pairs.samples.to(device), pairs.vectors.to(device=device, dtype=dtype)))
+            for options, pairs in structure.neighbors
         ]
         pairs = []
-        for _, block in neighbors:
-            samples = block.samples.values
+        for _, pair_list in neighbors:
+            samples = pair_list.samples
             pairs.append(_Pairs(samples[:, 0].long(), samples[:, 1].long(), samples[:, 2:5].to(dtype) @ cell))
         cache[key] = _Prepared(
             types=structure.types.to(device),
@@ -196,9 +198,15 @@ def _system(structure: _Prepared, derivatives: bool, stress: bool) -> System:
             positions = positions @ deformation
             cell = cell @ deformation
         system = System(structure.types, positions, cell, structure.pbc)
-        for options, block in structure.neighbors:
-            if key[0]:  # an alias, so that the cached block itself stays out of the graph
-                block = TensorBlock(block.values.detach(), block.samples, block.components, block.properties)
+        device = positions.device
+        for options, pair_list in structure.neighbors:
+            block = TensorBlock(
+                pair_list.vectors.reshape(-1, 3, 1),
+                Labels(_SAMPLE_NAMES, pair_list.samples, assume_unique=True),
+                [Labels("xyz", torch.tensor([[0], [1], [2]], device=device))],
+                Labels("distance", torch.tensor([[0]], device=device)),
+            )
+            if key[0]:  # linked to the positions (and strain) leaves, as metatomic's engines do
                 register_autograd_neighbors(system, block)
             system.add_neighbor_list(options, block)
         structure.systems[key] = system

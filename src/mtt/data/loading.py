@@ -19,7 +19,7 @@ from metatomic.torch import NeighborListOptions
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import MttError
-from .batching import compute_neighbor_lists
+from .batching import PairList, compute_neighbor_lists
 from .readers import Structure
 from .structure_sets import StructureSet
 
@@ -31,6 +31,15 @@ class LoadedBatch:
         self.structures = structures
         self.error = error  # a user's problem met in a worker, raised as it is in the process
 
+    def __getstate__(self) -> dict:
+        # numpy arrays travel from a worker inside the pickle; torch tensors would each take
+        # a shared-memory segment, which costs far more than these small arrays
+        return {"structures": [_as_arrays(s) for s in self.structures], "error": self.error}
+
+    def __setstate__(self, state: dict) -> None:
+        self.structures = [_as_structure(arrays) for arrays in state["structures"]]
+        self.error = state["error"]
+
     def pin_memory(self) -> "LoadedBatch":
         """Page-locked copies of the tensors, so that the copies to the GPU do not wait."""
         for structure in self.structures:
@@ -40,6 +49,45 @@ class LoadedBatch:
                 for key in values:
                     values[key] = values[key].pin_memory()
         return self
+
+
+def _as_arrays(structure: Structure) -> dict:
+    """A structure as numpy arrays and plain values, to be sent to another process."""
+    return {
+        "types": structure.types.numpy(),
+        "positions": structure.positions.numpy(),
+        "cell": structure.cell.numpy(),
+        "pbc": structure.pbc.numpy(),
+        "values": {k: v.numpy() for k, v in structure.values.items()},
+        "forces": {k: v.numpy() for k, v in structure.forces.items()},
+        "stress": {k: v.numpy() for k, v in structure.stress.items()},
+        "key": structure.key,
+        "neighbors": [
+            ((options.cutoff, options.full_list, options.strict), pairs.samples.numpy(), pairs.vectors.numpy())
+            for options, pairs in getattr(structure, "neighbors", [])
+        ],
+    }
+
+
+def _as_structure(arrays: dict) -> Structure:
+    structure = Structure(
+        types=torch.from_numpy(arrays["types"]),
+        positions=torch.from_numpy(arrays["positions"]),
+        cell=torch.from_numpy(arrays["cell"]),
+        pbc=torch.from_numpy(arrays["pbc"]),
+        values={k: torch.from_numpy(v) for k, v in arrays["values"].items()},
+        forces={k: torch.from_numpy(v) for k, v in arrays["forces"].items()},
+        stress={k: torch.from_numpy(v) for k, v in arrays["stress"].items()},
+        key=arrays["key"],
+    )
+    structure.neighbors = [
+        (
+            NeighborListOptions(cutoff=cutoff, full_list=full_list, strict=strict),
+            PairList(torch.from_numpy(samples), torch.from_numpy(vectors)),
+        )
+        for (cutoff, full_list, strict), samples, vectors in arrays["neighbors"]
+    ]
+    return structure
 
 
 class _Reader(Dataset):
