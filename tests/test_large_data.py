@@ -307,3 +307,14 @@ def test_two_ranks_with_packed_batches_match_one_process(converted, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "batches packed to 60 atoms per rank (120 in all)" in result.stdout
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
+
+
+def test_read_from_short_form_and_a_restart_of_a_streamed_run(converted, tmp_path):
+    options = training_options(f"{{read_from: {converted}}}", validation=f"{{read_from: {converted}}}")
+    path = write_options(tmp_path, options)
+    result = run_mtt("train", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "90 training, 100 validation, 10 test structures" in result.stdout
+    again = run_mtt("train", str(path), "--restart", "auto", "architecture.training.num_epochs=3", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "continuing after epoch 2" in again.stdout
