@@ -1,11 +1,11 @@
 """Converted datasets: structures stored once on disk, read by index without loading the rest.
 
-A converted dataset is a folder (``name.mttdata``) of NumPy ``.npy`` arrays, read as
-memory maps, and a ``dataset.json`` that describes them. The atoms of all structures are
+A converted dataset is a folder (``name.mttdata``) of NumPy ``.npy`` arrays, whose rows
+are read at their offsets in the files, and a ``dataset.json`` that describes them. The atoms of all structures are
 concatenated (types, positions, and the forces of each target), the rest has a row per
 structure (cell, periodicity, atom count, first atom, element counts, values, stress, and
 the sums of squares of forces and stress that fitting needs). Reading a structure is a few
-slices of arrays the operating system caches once for every process on the node, without
+reads of files the operating system caches once for every process on the node, without
 locks, so DataLoader workers and ranks read it at once; a dataset is a handful of large
 files, as parallel file systems prefer. ``benchmarks/storage_formats.py`` compares this
 with HDF5, LMDB and zarr. Everything is in mtt's internal units (eV, Å).
@@ -137,9 +137,23 @@ def read_description(path: Path) -> Description:
         raise _unreadable(path, f"its {DESCRIPTION} lacks or garbles {error}") from None
 
 
+@dataclass
+class _ArrayFile:
+    """Where an array's rows lie in its .npy file."""
+
+    descriptor: int
+    offset: int  # of the first row
+    dtype: np.dtype
+    row_shape: tuple
+    row_bytes: int
+
+
 class Store:
-    """One converted dataset, its arrays opened as memory maps when first read (in each
-    process: DataLoader workers open their own)."""
+    """One converted dataset. Its rows are read with ``os.pread``, not through memory maps:
+    the structures of a batch are scattered over the files, and a mapping would take into the
+    process (and its resident memory) the pages the kernel reads around each of them, about
+    a megabyte per structure. The files are opened in each process that reads them
+    (DataLoader workers open their own)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -148,64 +162,93 @@ class Store:
         self.layout = array_layout(
             described.n_structures, described.n_atoms, len(described.elements), described.targets
         )
-        self._arrays: dict[str, np.ndarray] = {}
+        self._files: dict[str, _ArrayFile] = {}
         self._pid = -1
         for name in self.layout:  # every file there, whole, with the right type: checked before training
-            self.array(name)
-        self.n_atoms = np.asarray(self.array("n_atoms"))
-        self.first_atom = np.asarray(self.array("first_atom"))
+            self._file(name)
+        self.n_atoms = self.rows("n_atoms", 0, described.n_structures)
+        self.first_atom = self.rows("first_atom", 0, described.n_structures)
         if len(self.n_atoms) and (
-            self.n_atoms.min() < 1 or self.first_atom[-1] + self.n_atoms[-1] != len(self.array("types"))
+            self.n_atoms.min() < 1 or self.first_atom[-1] + self.n_atoms[-1] != described.n_atoms
         ):
             raise _unreadable(path, "its atom counts do not add up to its atoms")
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_arrays"], state["_pid"] = {}, -1  # memory maps are opened again in a worker
+        state["_files"], state["_pid"] = {}, -1  # opened again in the process that reads
         return state
 
+    def __del__(self) -> None:
+        if getattr(self, "_pid", -1) == os.getpid():
+            for file in self._files.values():
+                os.close(file.descriptor)
+
     def array(self, name: str) -> np.ndarray:
-        """The array ``name`` of the layout, memory-mapped."""
+        """The whole array ``name`` of the layout, memory-mapped (for reading it all)."""
+        self._file(name)
+        return np.load(self.path / f"{name}.npy", mmap_mode="r")
+
+    def _file(self, name: str) -> _ArrayFile:
         if self._pid != os.getpid():
-            self._arrays, self._pid = {}, os.getpid()
-        if name not in self._arrays:
+            self._files, self._pid = {}, os.getpid()
+        if name not in self._files:
             file = self.path / f"{name}.npy"
             dtype, shape = self.layout[name]
             try:
-                array = np.load(file, mmap_mode="r")
+                header = np.load(file, mmap_mode="r")  # reads the header and checks the file's size
             except FileNotFoundError:
                 raise _unreadable(self.path, f"'{file.name}' is missing") from None
             except (OSError, ValueError) as error:  # a truncated file fails to map
                 raise _unreadable(self.path, f"'{file.name}' cannot be read ({error})") from None
-            if array.dtype != np.dtype(dtype) or array.shape != shape:
+            if header.dtype != np.dtype(dtype) or header.shape != shape:
                 raise _unreadable(
-                    self.path, f"'{file.name}' holds {array.dtype} {array.shape} instead of {np.dtype(dtype)} {shape}"
+                    self.path, f"'{file.name}' holds {header.dtype} {header.shape} instead of {np.dtype(dtype)} {shape}"
                 )
-            self._arrays[name] = array
-        return self._arrays[name]
+            row_shape = shape[1:]
+            row_bytes = int(np.dtype(dtype).itemsize * np.prod(row_shape, dtype=np.int64))
+            offset = header.offset if isinstance(header, np.memmap) else 0
+            self._files[name] = _ArrayFile(os.open(file, os.O_RDONLY), offset, np.dtype(dtype), row_shape, row_bytes)
+            del header
+        return self._files[name]
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start`` to ``stop`` of the array ``name``."""
+        file = self._file(name)
+        size = (stop - start) * file.row_bytes
+        data = os.pread(file.descriptor, size, file.offset + start * file.row_bytes) if size > 0 else b""
+        if len(data) != size:
+            raise _unreadable(self.path, f"'{name}.npy' ends before its row {stop}")
+        return np.frombuffer(bytearray(data), dtype=file.dtype).reshape((stop - start, *file.row_shape))
+
+    def take(self, name: str, indices: np.ndarray) -> np.ndarray:
+        """The rows ``indices`` (sorted) of the array ``name``, read in one piece."""
+        if len(indices) == 0:
+            return self.rows(name, 0, 0)
+        first = int(indices[0])
+        return self.rows(name, first, int(indices[-1]) + 1)[np.asarray(indices) - first]
 
     def element_counts(self, rows: np.ndarray) -> np.ndarray:
         """(len(rows), n_elements) atoms of each of ``description.elements`` in each structure."""
-        return np.asarray(self.array("element_counts")[rows], dtype=np.float64)
+        return self.take("element_counts", rows).astype(np.float64)
 
     def structure(self, index: int, targets: list[TargetInfo]) -> Structure:
         """Structure ``index`` with the reference values of ``targets``."""
         start = int(self.first_atom[index])
-        atoms = slice(start, start + int(self.n_atoms[index]))
+        stop = start + int(self.n_atoms[index])
         structure = Structure(
-            types=torch.from_numpy(np.array(self.array("types")[atoms])),
-            positions=torch.from_numpy(np.array(self.array("positions")[atoms])),
-            cell=torch.from_numpy(np.array(self.array("cells")[index])),
-            pbc=torch.from_numpy(np.array(self.array("pbc")[index])),
+            types=torch.from_numpy(self.rows("types", start, stop)),
+            positions=torch.from_numpy(self.rows("positions", start, stop)),
+            cell=torch.from_numpy(self.rows("cells", index, index + 1)[0]),
+            pbc=torch.from_numpy(self.rows("pbc", index, index + 1)[0]),
             key=(str(self.path), int(index)),
         )
         for target in targets:
             name = target.name
-            structure.values[name] = torch.from_numpy(np.array(self.array(f"values.{name}")[index : index + 1]))
+            structure.values[name] = torch.from_numpy(self.rows(f"values.{name}", index, index + 1))
             if target.forces:
-                structure.forces[name] = torch.from_numpy(np.array(self.array(f"forces.{name}")[atoms]))
+                structure.forces[name] = torch.from_numpy(self.rows(f"forces.{name}", start, stop))
             if target.stress:
-                structure.stress[name] = torch.from_numpy(np.array(self.array(f"stress.{name}")[index]))
+                structure.stress[name] = torch.from_numpy(self.rows(f"stress.{name}", index, index + 1)[0])
         return structure
 
 
@@ -231,8 +274,10 @@ class StoredSet(StructureSet):
         return [self.store.structure(int(self.indices[i]), self.targets) for i in indices]
 
     def periodic(self) -> bool:
-        pbc = self.store.array("pbc")
-        return all(bool(pbc[self.indices[s : s + (1 << 20)]].all()) for s in range(0, len(self.indices), 1 << 20))
+        return all(
+            bool(self.store.take("pbc", self.indices[s : s + (1 << 16)]).all())
+            for s in range(0, len(self.indices), 1 << 16)
+        )
 
     def subset(self, indices: np.ndarray) -> "StoredSet":
         return StoredSet(self.store, self.indices[np.asarray(indices, dtype=np.int64)], self.targets)
@@ -245,12 +290,12 @@ class StoredSet(StructureSet):
         for i, z in enumerate(types):
             if z in column:
                 counts[:, i] = stored[:, column[z]]
-        values = {t.name: np.asarray(self.store.array(f"values.{t.name}")[rows]) for t in self.targets}
+        values = {t.name: self.store.take(f"values.{t.name}", rows) for t in self.targets}
         squares = {}
         for target in self.targets:
             for kind, components in (("forces", 3), ("stress", 9)):
                 if getattr(target, kind):
-                    total = float(np.asarray(self.store.array(f"squares.{kind}.{target.name}")[rows]).sum())
+                    total = float(self.store.take(f"squares.{kind}.{target.name}", rows).sum())
                     elements = components * (int(self.store.n_atoms[rows].sum()) if kind == "forces" else len(rows))
                     squares[(target.name, kind)] = (total, elements)
         return StatisticsChunk(counts, values, squares)
