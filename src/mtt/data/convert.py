@@ -28,10 +28,11 @@ import ase.io
 import numpy as np
 import torch
 
+from ..distributed import available_cores
 from ..errors import DataError
-from .options import DatasetOptions, is_converted
+from .options import CONVERTED_EXTENSION, DatasetOptions, is_converted
 from .readers import DatasetReading, TargetInfo, parsed_by_ase, plan_reading, read_frames, resolve_path
-from .store import DESCRIPTION, EXTENSION, Description, array_layout
+from .store import DESCRIPTION, Description, array_layout
 
 #: extensions whose frames are located and parsed in parallel (ASE reads them as extended XYZ)
 XYZ_SUFFIXES = (".xyz", ".extxyz")
@@ -53,7 +54,7 @@ class _Source:
 
 def output_path(output: str) -> Path:
     """``output`` with the converted dataset's extension added when it lacks it."""
-    return Path(output if is_converted(output) else output + EXTENSION)
+    return Path(output if is_converted(output) else output + CONVERTED_EXTENSION)
 
 
 def _index_xyz(path: Path) -> tuple[list[int], list[int]]:
@@ -265,6 +266,15 @@ def _progress(total: int) -> Callable[[int], None]:
     return advance
 
 
+def _refuse_existing(output: Path) -> None:
+    """A converted dataset is never replaced: it may have taken hours to write."""
+    if output.exists():
+        raise DataError(
+            f"'{output}' already exists; nothing was written.",
+            hint="Remove it first, or give another path with -o.",
+        )
+
+
 def write_dataset(
     output: Path,
     n_structures: int,
@@ -278,11 +288,7 @@ def write_dataset(
     rows (every array but the element counts); then the element counts, the digest and the
     description are written and the folder is renamed into place. Anything that stops it
     on the way removes the folder: nothing is ever left at ``output`` half-written."""
-    if output.exists():
-        raise DataError(
-            f"'{output}' already exists; nothing was written.",
-            hint="Remove it first, or give another path with -o.",
-        )
+    _refuse_existing(output)
     layout = array_layout(n_structures, n_atoms, 0, targets)
     del layout["element_counts"]  # known once the types are
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -326,8 +332,7 @@ def write_dataset(
 
 def convert(blocks: list[DatasetOptions], base_dir: Path, output: Path, where: str, processes: int | None) -> dict:
     """Convert the dataset blocks into one dataset at ``output``. Returns what was written."""
-    if output.exists():  # said before the files are read
-        raise DataError(f"'{output}' already exists; nothing was written.", hint="Remove it first, or give another -o.")
+    _refuse_existing(output)  # before the files are read
     started = time.monotonic()
     sources, structures, atoms = [], 0, 0
     for i, block in enumerate(blocks):
@@ -336,14 +341,21 @@ def convert(blocks: list[DatasetOptions], base_dir: Path, output: Path, where: s
         structures += len(counts)
         atoms += sum(counts)
     targets = _same_targets(sources)
-    processes = processes or len(os.sched_getaffinity(0))
+    processes = processes or available_cores()
     tasks = _tasks(sources, processes)
     processes = min(processes, len(tasks)) if all(s.offsets is not None for s in sources) else 1
 
     def fill(folder: Path, layout: dict[str, tuple[str, tuple]]) -> None:
         advance = _progress(structures)
         if processes > 1:
-            with Pool(processes, _start_worker, (folder, layout, sources)) as pool:
+            # a Ctrl-C while the workers are forked would be lost in the fork handlers (the
+            # conversion would go on): it waits until they are started
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                pool = Pool(processes, _start_worker, (folder, layout, sources))
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            with pool:
                 for done in pool.imap_unordered(_convert_frames, tasks):
                     advance(done)
         else:
