@@ -11,7 +11,7 @@ from ..config.files import read_yaml
 from ..data.convert import convert as convert_blocks
 from ..data.convert import dataset_digest, folder_size, output_path
 from ..data.options import parse_dataset_list, unit_problems
-from ..data.store import Store, array_layout
+from ..data.store import Store, StoredSet, array_layout
 from ..errors import DataError, OptionsProblems
 from ..outputs import setup_logging
 
@@ -50,13 +50,7 @@ def info(dataset: str, verify: bool) -> None:
     store = Store(Path(dataset))
     described = store.description
     n_atoms = store.n_atoms
-    counts = np.zeros(len(described.elements), dtype=np.int64)
-    for start in range(0, described.n_structures, 1 << 16):
-        counts += (
-            store.element_counts(np.arange(start, min(start + (1 << 16), described.n_structures)))
-            .sum(axis=0)
-            .astype(np.int64)
-        )
+    counts = StoredSet(store, np.arange(described.n_structures), described.targets).type_counts()
     periodic = int(np.asarray(store.array("pbc")).all(axis=1).sum())
     lines = [
         ("path", str(store.path)),
@@ -67,7 +61,7 @@ def info(dataset: str, verify: bool) -> None:
             f"{described.n_atoms:,}; {int(n_atoms.min())} to {int(n_atoms.max())} per structure, "
             f"{float(n_atoms.mean()):.1f} on average",
         ),
-        ("elements", ", ".join(f"{chemical_symbols[z]} ({n:,} atoms)" for z, n in zip(described.elements, counts))),
+        ("elements", ", ".join(f"{chemical_symbols[z]} ({n:,} atoms)" for z, n in counts.items())),
     ]
     for target in described.targets:
         extras = (" + forces [eV/Å]" if target.forces else "") + (" + stress [eV/Å^3]" if target.stress else "")

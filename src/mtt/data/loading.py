@@ -18,6 +18,7 @@ import torch
 from metatomic.torch import NeighborListOptions
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..distributed import available_cores
 from ..errors import MttError
 from .batching import PairList, compute_neighbor_lists
 from .readers import Structure
@@ -140,11 +141,7 @@ def default_workers(structures: StructureSet, world_size: int) -> int:
     """No worker for a set in memory; for one on disk, a quarter of this rank's cores, from 1 to 4."""
     if structures.in_memory:
         return 0
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores // max(1, world_size) // 4))
+    return max(1, min(4, available_cores() // max(1, world_size) // 4))
 
 
 class BatchLoader:

@@ -27,11 +27,10 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from .options import CONVERTED_EXTENSION, DatasetOptions
+from .options import DatasetOptions
 from .readers import Structure, TargetInfo, resolve_path
 from .structure_sets import StatisticsChunk, StructureSet
 
-EXTENSION = CONVERTED_EXTENSION
 DESCRIPTION = "dataset.json"
 FORMAT = "mtt converted dataset"
 #: the version this mtt writes, and the newest it reads

@@ -279,6 +279,14 @@ def user_threads(launch: Launch, env: Mapping[str, str] | None = None) -> int | 
     return int(value)
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def threads_per_rank(launch: Launch, env: Mapping[str, str] | None = None) -> int | None:
     """How many threads each rank of this node gets, or None to keep torch's default."""
     env = os.environ if env is None else env
@@ -287,10 +295,7 @@ def threads_per_rank(launch: Launch, env: Mapping[str, str] | None = None) -> in
     asked = user_threads(launch, env)
     if asked is not None:
         return asked
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    cores = available_cores()
     # SLURM's --cpus-per-task already gives each task its own cores
     return max(1, cores if "SLURM_CPUS_PER_TASK" in env else cores // launch.local_world_size)
 

@@ -88,7 +88,6 @@ class Trainer:
         self.needs_stress = any(t.stress for t in info.targets.values())
         self.precomputed: PrecomputedInputs | None = None
         self.loaders: dict[int, BatchLoader] = {}
-        self.requests: list = []  # the model's neighbour lists, computed by the loaders
         self._train_set = 0  # id of the training set
         self.training_seconds = 0.0  # in the training steps, waiting for data included
         self.first_step_logged = False
@@ -97,11 +96,11 @@ class Trainer:
         """The loader of a set, made once (its workers stay for the whole run)."""
         if id(structures) not in self.loaders:
             with blame_architecture(self.architecture):
-                self.requests = model.requested_neighbor_lists()
+                requests = model.requested_neighbor_lists()
             workers = self.hypers.num_workers
             if workers is None:
                 workers = default_workers(structures, self.environment.world_size)
-            self.loaders[id(structures)] = BatchLoader(structures, self.requests, self.device, workers)
+            self.loaders[id(structures)] = BatchLoader(structures, requests, self.device, workers)
         return self.loaders[id(structures)]
 
     def describe_loading(self, epochs: int) -> str:
