@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "options",
         nargs="?",
-        help="YAML file with the dataset(s) to evaluate on, or a training options file (its test set); "
+        help="YAML file with the dataset(s) to evaluate on, a structure file (its energies, forces and "
+        "stress when it has them) or a converted dataset, or a training options file (its test set); "
         "default: the test set of the model's run folder",
     )
     evaluate.add_argument(

@@ -11,8 +11,10 @@ import torch
 from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
 
 from . import __version__, architectures
+from .architectures.adapters import add_adapters, merged
 from .data.dataset import DatasetInfo
 from .schema import parse_options
+from .training.hypers import FinetuneHypers
 from .training.state import TrainingState
 
 
@@ -30,8 +32,19 @@ def model_from_state(
     weights = state.best_model_state if best else state.model_state
     dtype = next(v.dtype for v in weights.values() if v.is_floating_point())
     model = model.to(dtype)
+    finetune = lora_of(identity.options)
+    if finetune is not None:  # the checkpoint holds the adapters apart from the weights
+        add_adapters(model, finetune.lora_rank, finetune.lora_alpha)
     model.load_state_dict(weights)
-    return model.eval(), info, architecture
+    return merged(model).eval(), info, architecture
+
+
+def lora_of(options: dict) -> FinetuneHypers | None:
+    """The fine-tuning options of a run's options when it trained low-rank adapters."""
+    finetune = ((options.get("architecture") or {}).get("training") or {}).get("finetune")
+    if not isinstance(finetune, dict) or finetune.get("method") != "lora":
+        return None
+    return parse_options(FinetuneHypers, finetune, "architecture.training.finetune")
 
 
 def atomistic_model(
@@ -46,7 +59,7 @@ def atomistic_model(
     dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
     # a frozen copy: engines that call backward() on the energy (ASE's metatomic
     # calculator) then compute the forces and not, needlessly, every weight's gradient
-    model = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
+    model = copy.deepcopy(merged(model)).to("cpu").eval().requires_grad_(False)
     outputs = {}
     for target, output in zip(info.targets.values(), model.output_names):
         outputs[output] = ModelOutput(

@@ -228,6 +228,33 @@ def summary_lines(
     return lines
 
 
+def comparison_lines(
+    title: str,
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    units: dict[str, dict[str, str]],
+) -> list[str]:
+    """The RMSEs of each set before and after (a fine-tuning run), with the change."""
+    lines = [f"  {title}:"]
+    rows = []
+    for name, figures in after.items():
+        for key, value in figures.items():
+            if not key.endswith("_rmse"):
+                continue
+            unit = units.get(name, {}).get(key, "")
+            shown = display(1.0, unit)[1]
+            label = f"{name}: {metric_name(key)}" + (f" [{shown}]" if shown else "")
+            old = before.get(name, {}).get(key, math.nan)
+            change = f"{100 * (value - old) / old:+.0f}%" if math.isfinite(old) and old else ""
+            rows.append((label, number(display(old, unit)[0]), number(display(value, unit)[0]), change))
+    if not rows:
+        return []
+    width = max(len(row[0]) for row in rows) + 2
+    lines.append("    " + " " * width + "before".rjust(10) + "after".rjust(10) + "change".rjust(9))
+    lines += ["    " + a.ljust(width) + b.rjust(10) + c.rjust(10) + d.rjust(9) for a, b, c, d in rows]
+    return lines
+
+
 def print_summary(lines: list[str]) -> None:
     """On the terminal and in train.log."""
     StatusLine.clear()

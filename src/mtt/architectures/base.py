@@ -10,7 +10,7 @@ same module runs in training and, wrapped by metatomic's ``AtomisticModel``, in 
 LAMMPS and i-PI.
 """
 
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
@@ -93,6 +93,67 @@ class Model(torch.nn.Module):
         """
         return {}
 
+    @torch.jit.unused
+    def heads(self) -> List[torch.nn.Module]:
+        """The modules from the last features to the outputs: what fine-tuning with
+        ``method: heads`` trains, the rest frozen. An architecture that does not say
+        cannot be fine-tuned that way."""
+        raise NotImplementedError
+
+    @torch.jit.unused
+    def inherited_name(self, name: str, old: "Model") -> Optional[str]:
+        """The name in ``old``'s state of this model's state entry ``name``, or None for an
+        entry that is new (an element ``old`` never saw): architectures whose entries are
+        numbered by element say how (see :meth:`inherit`)."""
+        return name
+
+    @torch.jit.unused
+    def indexed_axes(self, name: str, old: "Model") -> List[Tuple[int, List[Tuple[int, int]]]]:
+        """For the state entry ``name``, its axes numbered by element, target or anything
+        else ``old`` has fewer of: (axis, [(index here, index in old), ...]) each, so that
+        :meth:`inherit` copies those rows and leaves the new ones as they are."""
+        return []
+
+    @torch.jit.unused
+    def inherit(self, old: "Model") -> None:
+        """Start from the weights of ``old``, a trained model of this architecture with the
+        same hyperparameters whose elements and targets are among this model's (fine-tuning).
+
+        Every state entry is copied from ``old``'s, by :meth:`inherited_name` and along the
+        axes of :meth:`indexed_axes`; what is new (an element's weights, a target's head)
+        keeps its initial values. The baseline is copied for the elements and targets both
+        have (the framework refits the rest).
+        """
+        from ..errors import CheckpointError
+
+        theirs = old.state_dict()
+        for name, mine in self.state_dict().items():
+            source = self.inherited_name(name, old)
+            if source is None or name == "composition.type_to_index":  # new, or made from the elements
+                continue
+            previous = theirs[source]
+            axes = self.indexed_axes(name, old)
+            if name == "composition.weights":
+                axes = [(0, shared_indices(self.atomic_types, old.atomic_types)), (1, self.shared_outputs(old))]
+            elif name == "composition.scales":
+                axes = [(0, self.shared_outputs(old))]
+            if not axes:
+                if previous.shape != mine.shape:
+                    raise CheckpointError(
+                        f"the weights '{name}' of the checkpoint have shape {tuple(previous.shape)}, the model "
+                        f"here needs {tuple(mine.shape)}: this architecture cannot take new elements or targets.",
+                        hint="Fine-tune on the checkpoint's elements and targets, or train a new model.",
+                    )
+                mine.copy_(previous)
+                continue
+            with torch.no_grad():
+                mine.copy_(copied_along(mine, previous, axes))
+
+    @torch.jit.unused
+    def shared_outputs(self, old: "Model") -> List[Tuple[int, int]]:
+        """(index here, index in ``old``) of the outputs both models have."""
+        return shared_indices(self.output_names, old.output_names)
+
     # -- what the framework provides ----------------------------------------------------
     def outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
         """Per-structure outputs (structures, targets) of a batch, with the baseline."""
@@ -163,3 +224,43 @@ class Model(torch.nn.Module):
             block = TensorBlock(values=values, samples=samples, components=[], properties=properties)
             results[name] = TensorMap(keys, [block])
         return results
+
+
+def shared_indices(mine: List, theirs: List) -> List[Tuple[int, int]]:
+    """(index in ``mine``, index in ``theirs``) of every item both lists have."""
+    return [(i, theirs.index(item)) for i, item in enumerate(mine) if item in theirs]
+
+
+def copied_along(
+    mine: torch.Tensor, theirs: torch.Tensor, axes: List[Tuple[int, List[Tuple[int, int]]]]
+) -> torch.Tensor:
+    """``mine`` with the entries of ``theirs`` at the index pairs of every axis in ``axes``
+    (the other axes have the same size in both)."""
+    result = mine.clone()
+    target: List = [slice(None)] * mine.dim()
+    source: List = [slice(None)] * mine.dim()
+    for axis, pairs in axes:
+        target[axis] = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+        source[axis] = torch.tensor([p[1] for p in pairs], dtype=torch.long)
+    if any(len(pairs) == 0 for _, pairs in axes):
+        return result
+    result[_open_mesh(target)] = theirs[_open_mesh(source)].to(result.dtype)
+    return result
+
+
+def _open_mesh(index: List) -> Tuple:
+    """Advanced indices of several axes as an open mesh (their outer product), slices kept."""
+    tensors = [i for i in index if isinstance(i, torch.Tensor)]
+    if len(tensors) <= 1:
+        return tuple(index)
+    shape_rank = len(tensors)
+    result, k = [], 0
+    for i in index:
+        if isinstance(i, torch.Tensor):
+            shape = [1] * shape_rank
+            shape[k] = -1
+            result.append(i.reshape(shape))
+            k += 1
+        else:
+            result.append(i)
+    return tuple(result)

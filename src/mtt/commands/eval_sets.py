@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import ase.io
 import numpy as np
 
 from ..config import load_options
 from ..config.files import read_yaml
 from ..config.loader import DATASETS
 from ..data.dataset import load_splits, read_block
-from ..data.options import parse_dataset_list
-from ..data.readers import TargetInfo, resolve_path
+from ..data.options import expand_short_forms, is_converted, parse_dataset_list
+from ..data.readers import TargetInfo, has_key, parsed_by_ase, resolve_path
 from ..data.structure_sets import InMemorySet, StructureSet
 from ..errors import DataError, OptionsError
 from .restart import is_run_folder, run_folder_of
@@ -113,6 +114,17 @@ def _from_training_options(path: Path) -> EvaluationSet:
     )
 
 
+def _structure_file(path: Path) -> dict:
+    """The dataset block of a structure file given in place of a YAML file: its energies
+    (with forces and stress) when its first structure has one, else no reference values."""
+    block = expand_short_forms(path.name)
+    if not is_converted(path) and path.is_file():
+        first = parsed_by_ase(path, lambda: ase.io.read(path, index=0))
+        if not has_key([first], "energy", per_atom=False):
+            block["targets"] = {}
+    return block
+
+
 def sets_to_evaluate(model: str, options_path: str | None) -> tuple[Path, list[EvaluationSet]]:
     """The model file and what to evaluate it on."""
     model_path, run = model_and_run(model)
@@ -125,7 +137,7 @@ def sets_to_evaluate(model: str, options_path: str | None) -> tuple[Path, list[E
             )
         return model_path, [_from_indices(run)]
     path = Path(options_path)
-    content = read_yaml(path)
+    content = read_yaml(path) if path.suffix in (".yaml", ".yml") else _structure_file(path)
     if isinstance(content, dict) and "training_set" in content:  # a training options file
         if run is not None and (run / "indices" / "test.txt").is_file():
             return model_path, [_from_indices(run)]

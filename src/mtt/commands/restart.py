@@ -197,12 +197,12 @@ def prepare_restart(
     return Restart(state, path, run_folder, hypers, [c for c in changes if not c.refused_because])
 
 
-def check_restart_data(restart: Restart, splits: Splits) -> None:
+def check_restart_data(restart: Restart, splits: Splits, info: DatasetInfo) -> None:
     """The structures of every set are the checkpoint's (or, for checkpoints that do not
-    record them, at least its elements and targets)."""
+    record them, at least its elements and targets); ``info`` is what the model predicts
+    (with a fine-tuned checkpoint's elements and targets)."""
     state = restart.state
     saved = DatasetInfo.from_dict(state.identity.dataset_info)
-    info = splits.info
     if saved.to_dict() != info.to_dict():
         raise CheckpointError(
             "the checkpoint was trained on other elements or targets than these options give "

@@ -13,7 +13,8 @@ from ase.data import chemical_symbols
 from .. import architectures, distributed
 from ..config import ComposedOptions, load_options
 from ..data.batching import check_cutoff, compute_neighbor_lists
-from ..data.dataset import Splits, load_splits
+from ..data.dataset import DatasetInfo, Splits, load_splits
+from ..export import model_from_state
 from ..data.readers import Structure
 from ..data.structure_sets import InMemorySet, StructureSet, sample_for_statistics
 from ..errors import CheckpointError
@@ -27,11 +28,20 @@ from ..outputs import (
     setup_logging,
 )
 from ..schema import to_plain
-from ..terminal import print_summary, summary_lines
+from ..terminal import comparison_lines, print_summary, summary_lines
 from ..training.composition import fit_baseline
-from ..training.loss import Metrics
+from ..training.loss import Metrics, terms_of
 from ..training.state import RunIdentity, TrainingState
 from ..training.trainer import Trainer
+from .finetune import (
+    Finetuning,
+    fixed_baseline,
+    joined_info,
+    original_validation,
+    prepare_finetuning,
+    prepare_training,
+    start_from_checkpoint,
+)
 from .restart import Restart, check_restart_data, is_complete, prepare_restart, say_complete
 from .run_files import deliver, how_it_trains, write_run_files
 
@@ -56,6 +66,7 @@ def train(
     architecture.check_capabilities(environment.device.type, str(dtype).removeprefix("torch."))
 
     check_loggers(run.loggers)
+    finetuning = prepare_finetuning(options)  # before the restart's checks: the model becomes the checkpoint's
     restart = prepare_restart(restart_request, options, Path(options_path), environment.world_size)
     hypers = options.trainer_hypers
     if restart is not None and is_complete(restart.state, hypers.num_epochs, hypers.early_stopping_patience):
@@ -65,13 +76,14 @@ def train(
 
     torch.manual_seed(run.seed)
     splits = load_splits(options.raw, Path(options_path).parent, run.seed)
-    info = splits.info
+    info = splits.info  # what is learned
+    model_info = info if finetuning is None else joined_info(finetuning, info)  # what the model predicts
     if restart is not None:
-        check_restart_data(restart, splits)
+        check_restart_data(restart, splits, model_info)
 
     model_hypers = options.model_hypers if restart is None else restart.model_hypers  # the checkpoint's model
     with architectures.blame_architecture(architecture):
-        model = architecture.model_class(model_hypers, info).to(device=environment.device, dtype=dtype)
+        model = architecture.model_class(model_hypers, model_info).to(device=environment.device, dtype=dtype)
         requests = model.requested_neighbor_lists()
     for structures in splits.sets.values():
         if isinstance(structures, InMemorySet):  # computed once; streamed batches get theirs as they are read
@@ -106,8 +118,13 @@ def train(
 
     loggers = open_loggers(run.loggers, folder, options.raw) if main else []
     trainer = Trainer(hypers, architecture, info, environment, dtype, run.seed, loggers)
+    original = None
     try:
-        state = _initial_state(restart, options, model, model_hypers, splits, trainer, environment)
+        if finetuning is not None:
+            original = _watch_original(finetuning, trainer, requests)
+        state = _initial_state(restart, options, model, model_hypers, splits, trainer, environment, finetuning)
+        if finetuning is not None and restart is None:
+            state.finetune_start = _finetune_figures(trainer, model, splits, original, finetuning)
         if main and restart is not None and restart.run_folder is not None:
             continue_metrics(restart.run_folder / "metrics.csv", folder / "metrics.csv", state.epoch)
         first_epoch = state.epoch
@@ -125,7 +142,23 @@ def train(
             metrics = trainer.evaluate(model, splits.test, None)
             test = metrics.results()
             FILE_LOGGER.info("test set (%d structures): %s", len(splits.test), format_metrics(test, metrics.units()))
-        files = deliver(model, info, architecture, folder, Path(output), state.best_epoch) if main else []
+        finetune_lines = []
+        if finetuning is not None:
+            units = {"validation": Metrics(trainer.terms).units()}
+            if original is not None:
+                units["original validation"] = Metrics(terms_of(original[1])).units()
+            after = _finetune_figures(trainer, model, splits, original)
+            finetune_lines = comparison_lines(
+                f"fine-tuning of {finetuning.path} ({len(splits.validation)} validation structures"
+                + (f", {len(original[0])} of the original run)" if original is not None else ")"),
+                state.finetune_start,
+                after,
+                units,
+            )
+            if main:
+                for line in finetune_lines[1:]:
+                    FILE_LOGGER.info("fine-tuning: %s", line.strip())
+        files = deliver(model, model_info, architecture, folder, Path(output), state.best_epoch) if main else []
         files += [(logger.title, logger.where()) for logger in loggers]
     finally:
         trainer.close()
@@ -138,7 +171,7 @@ def train(
         lines = summary_lines(
             state.best_epoch, state.epoch, hypers.best_model_metric, state.best_validation, test, units, files
         )
-        print_summary(lines)
+        print_summary(lines[: -len(files)] + finetune_lines + lines[-len(files) :])
     environment.shutdown()
 
 
@@ -150,28 +183,42 @@ def _initial_state(
     splits: Splits,
     trainer: Trainer,
     environment: distributed.DistributedEnvironment,
+    finetuning: Finetuning | None,
 ) -> TrainingState:
-    """A new run's state (with the fitted baseline), or the checkpoint's, its weights loaded."""
+    """A new run's state (with the fitted baseline, and the checkpoint's weights when it
+    fine-tunes one), or the restart's checkpoint's, its weights loaded."""
     info, hypers = splits.info, options.trainer_hypers
     architecture = trainer.architecture
+    model_info = DatasetInfo(model.atomic_types, info.targets)  # its elements: a fine-tuned model may have more
     identity = RunIdentity(
-        architecture.name, to_plain(model_hypers), info.to_dict(), options.raw, architecture.checkpoint_version
+        architecture.name,
+        to_plain(model_hypers),
+        (info if finetuning is None else joined_info(finetuning, info)).to_dict(),
+        options.raw,
+        architecture.checkpoint_version,
     )
     if restart is None:
         state = TrainingState(identity)
-        trainer.adapt(model, splits.train)
+        fixed = hypers.fixed_composition_weights
+        if finetuning is None:
+            trainer.adapt(model, splits.train)
+        else:  # the checkpoint's statistics of its data stay, as its weights need them
+            original = start_from_checkpoint(model, finetuning, architecture)
+            kept = fixed_baseline(model, finetuning, info)
+            fixed = {name: {**kept.get(name, {}), **fixed.get(name, {})} for name in {*kept, *fixed}}
+        scales = model.composition.scales.clone()
         state.spreads = fit_baseline(
-            model,
-            splits.train,
-            info,
-            trainer.terms,
-            hypers.fixed_composition_weights,
-            hypers.scale_targets,
-            environment,
+            model, splits.train, model_info, trainer.terms, fixed, hypers.scale_targets, environment
         )
+        if finetuning is not None:  # the inherited networks' outputs keep their scales
+            for mine, _ in model.shared_outputs(original):
+                model.composition.scales[mine] = scales[mine]
+            LOGGER.info("fine-tuning %s, %s", finetuning.path, prepare_training(model, finetuning.hypers, architecture))
         environment.broadcast_module(model)
     else:
         state = restart.state
+        if finetuning is not None:
+            LOGGER.info("fine-tuning %s", prepare_training(model, finetuning.hypers, architecture))
         try:
             model.load_state_dict(state.model_state)
         except RuntimeError as error:  # the checks before make this a bug, not the user's doing
@@ -199,3 +246,33 @@ def _cutoff_sample(structures: StructureSet, requests: list, seed: int) -> list[
     sample = structures.read(sample_for_statistics(len(structures), 1000, seed))
     compute_neighbor_lists(sample, requests)
     return sample
+
+
+def _watch_original(finetuning: Finetuning, trainer: Trainer, requests: list) -> tuple | None:
+    """The original run's validation structures, evaluated every ``original_validation_interval``
+    epochs when asked; None (and why, in the log) when they cannot be read."""
+    found = original_validation(finetuning, requests)
+    if isinstance(found, str):
+        LOGGER.info("the original run's validation structures are %s; the cost of fine-tuning is not measured", found)
+        return None
+    interval = finetuning.hypers.original_validation_interval
+    if interval is not None:
+        trainer.monitored["original validation"] = (*found, interval)
+    return found
+
+
+def _finetune_figures(
+    trainer: Trainer,
+    model: torch.nn.Module,
+    splits: Splits,
+    original: tuple | None,
+    start: Finetuning | None = None,
+) -> dict[str, dict[str, float]]:
+    """The errors of ``model`` on the validation set, and on the original run's; at the
+    ``start`` of fine-tuning, those of the checkpoint's own model on the original run's."""
+    figures = {"validation": trainer.evaluate(model, splits.validation, None).results()}
+    if original is not None:
+        if start is not None:
+            model = model_from_state(start.state)[0].to(device=trainer.device, dtype=trainer.dtype)
+        figures["original validation"] = trainer.evaluate(model, original[0], None, original[1]).results()
+    return figures

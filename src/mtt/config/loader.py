@@ -43,6 +43,9 @@ class ComposedOptions:
     chosen_seed: bool = False
     #: what was read in mtt's terms or ignored (metatrain's options), to tell the user
     notes: list[str] = field(default_factory=list)
+    #: the keys under ``architecture.model`` that the file or the command line set
+    #: (dotted): fine-tuning takes the others from its checkpoint
+    given_model_keys: list[str] = field(default_factory=list)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.raw, sort_keys=False)
@@ -126,6 +129,7 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
         values.insert(0, f"++distributed.enabled={groups['distributed']}")
 
     architecture = architectures.load(name)
+    given = _given_model_keys(user, values)
     _store_configs(user, architecture)
     GlobalHydra.instance().clear()
     try:
@@ -152,7 +156,41 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Compos
     for key in DATASETS:
         if key in raw:
             raw[key] = resolve_datasets(raw[key], path.parent.resolve(), raw["dataset"])
-    return _validate(raw, architecture)
+    _resolve_finetune(raw, path.parent.resolve())
+    options = _validate(raw, architecture)
+    options.given_model_keys = given
+    return options
+
+
+def _given_model_keys(user: dict, overrides: list[str]) -> list[str]:
+    """The dotted keys under ``architecture.model`` of the file and of the overrides."""
+
+    def flatten(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, dict) and node:
+            return [key for name, value in node.items() for key in flatten(value, f"{prefix}.{name}")]
+        return [prefix]
+
+    model = (user.get("architecture") or {}).get("model") if isinstance(user.get("architecture"), dict) else None
+    keys = [key.removeprefix(".") for key in flatten(model, "")] if isinstance(model, dict) and model else []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith("architecture.model."):
+            keys.append(key.removeprefix("architecture.model."))
+    return keys
+
+
+def _resolve_finetune(raw: dict, base_dir: Path) -> None:
+    """``finetune: model.ckpt`` is short for ``{read_from: model.ckpt}``; its path is made
+    absolute, as the datasets', so that the run folder's options.yaml runs from anywhere."""
+    training = (raw.get("architecture") or {}).get("training")
+    if not isinstance(training, dict):
+        return
+    finetune = training.get("finetune")
+    if isinstance(finetune, str):
+        finetune = training["finetune"] = {"read_from": finetune}
+    if isinstance(finetune, dict) and isinstance(finetune.get("read_from"), str):
+        checkpoint = Path(finetune["read_from"]).expanduser()
+        finetune["read_from"] = str(checkpoint if checkpoint.is_absolute() else (base_dir / checkpoint).resolve())
 
 
 def _misplaced(raw: dict, architecture: architectures.Architecture) -> list[str]:

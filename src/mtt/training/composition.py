@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..architectures.base import output_name
 from ..data.dataset import DatasetInfo
 from ..data.structure_sets import StructureSet
 from ..distributed import DistributedEnvironment, share
@@ -113,12 +114,13 @@ def fit_baseline(
         variance = (squares - total * total / count) / (count - 1) if count > 1 else 0.0
         spread = float(np.sqrt(max(variance, 0.0)))
         spread = spread if spread > 1e-12 else 1.0
-        model.composition.weights[:, index] = torch.from_numpy(weights_of[target.name])
+        column = model.output_names.index(output_name(target.name))  # a fine-tuned model has more
+        model.composition.weights[:, column] = torch.from_numpy(weights_of[target.name])
         scale = spread if scale_targets else 1.0
         if scale_targets == "forces" and target.forces:
             force_rms = rms[(target.name, "forces")]
             scale = force_rms if force_rms > 1e-12 else spread
-        model.composition.scales[index] = scale
+        model.composition.scales[column] = scale
         spreads[target.name] = spread
 
     result = {}

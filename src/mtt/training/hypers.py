@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
-from ..schema import option
+from ..schema import REQUIRED, option
 
 
 def _unset_or(value: int | None, least: int) -> bool:
@@ -42,6 +42,44 @@ class FinalStageHypers:
     def __post_init__(self):
         if not 0 <= self.start_fraction < 1 or self.learning_rate <= 0:
             raise ValueError("final_stage needs 0 <= start_fraction < 1 and learning_rate > 0")
+
+
+@dataclass
+class FinetuneHypers:
+    """Start from a trained model instead of random weights."""
+
+    read_from: str = option(
+        REQUIRED,
+        "Checkpoint (.ckpt, e.g. a run's model.ckpt) of the same architecture to start from; its best "
+        "weights are taken, and its model hyperparameters. A relative path is taken from the options "
+        "file's folder.",
+    )
+    method: Literal["full", "heads", "lora"] = option(
+        "full",
+        "What is trained: every weight (full), only the output heads (heads), or low-rank adapters of "
+        "every weight matrix with the heads (lora).",
+    )
+    lora_rank: int = option(4, "With lora: the rank of each adapter.")
+    lora_alpha: float = option(8.0, "With lora: adapters are scaled by lora_alpha / lora_rank.")
+    refit_baseline: bool = option(
+        False,
+        "Refit the per-element baseline of every element from the new data. By default the checkpoint's is "
+        "kept for its elements and targets, and fitted for new elements and new targets.",
+    )
+    original_validation_interval: Optional[int] = option(
+        None,
+        "Also evaluate on the checkpoint's own validation structures every this many epochs (they are "
+        "always evaluated before and after fine-tuning, when their files are found); null: only then.",
+    )
+
+    def __post_init__(self):
+        problems = []
+        if self.lora_rank < 1:
+            problems.append(f"lora_rank must be >= 1, got {self.lora_rank!r}")
+        if self.original_validation_interval is not None and self.original_validation_interval < 1:
+            problems.append(f"original_validation_interval must be >= 1, got {self.original_validation_interval!r}")
+        if problems:
+            raise ValueError("\n".join(problems))
 
 
 @dataclass
@@ -115,6 +153,11 @@ class TrainerHypers:
         "Processes that read and prepare batches ahead of the training step (torch DataLoader workers), "
         "per rank. null: none for datasets held in memory; for converted datasets streamed from disk, a "
         "quarter of the rank's cores, from 1 to 4. The numbers do not depend on it.",
+    )
+    finetune: Optional[FinetuneHypers] = option(
+        None,
+        "Fine-tune a trained model: {read_from: checkpoint, method: full | heads | lora, ...}, or the "
+        "checkpoint's path alone (method full). null: train from scratch.",
     )
 
     early_stopping_patience: Optional[int] = option(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from metatomic.torch import ModelOutput
 
+from ..architectures.base import output_name
 from ..data.batching import Batch
 from ..data.dataset import DatasetInfo
 
@@ -34,8 +35,8 @@ def predict(model: Any, batch: Batch, info: DatasetInfo, create_graph: bool) -> 
         results = model(batch.systems, requested)
         per_structure = {name: results[name].block().values.reshape(-1) for name in model.output_names}
     values, forces, stress = {}, {}, {}
-    for target, name in zip(info.targets.values(), model.output_names):
-        values[target.name] = per_structure[name]
+    for target in info.targets.values():  # a fine-tuned model may have more outputs
+        values[target.name] = per_structure[output_name(target.name)]
         if not (target.forces or target.stress):
             continue
         inputs = list(batch.positions)

@@ -51,6 +51,8 @@ class TrainingState:
     global_batch_size: int = 0  # structures per step, all ranks together; 0 when unknown
     global_max_atoms: int = 0  # with packed batches: atoms per step at most, all ranks together
     data_fingerprint: str = ""  # of the split structures (Splits.fingerprint); "" when unknown
+    #: a fine-tuning run's errors before its first step: {"validation": ..., "original validation": ...}
+    finetune_start: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def save(self, path: Path, model: torch.nn.Module) -> None:
         """Write a checkpoint of this state with ``model``'s current weights."""

@@ -21,7 +21,7 @@ from ..data.readers import Structure
 from ..data.structure_sets import StructureSet, sample_for_statistics
 from ..distributed import DistributedEnvironment, share
 from ..errors import TrainingDiverged
-from ..outputs import FILE_LOGGER, LOGGER, MetricsCsv
+from ..outputs import FILE_LOGGER, LOGGER, MetricsCsv, format_metrics
 from ..terminal import EpochTable
 from .averaging import WeightAverage
 from .cache import PrecomputedInputs
@@ -91,6 +91,9 @@ class Trainer:
         self._train_set = 0  # id of the training set
         self.training_seconds = 0.0  # in the training steps, waiting for data included
         self.first_step_logged = False
+        #: other sets evaluated every so many epochs, with their own targets: name ->
+        #: (structures, info, interval); their errors go to the log
+        self.monitored: dict[str, tuple[StructureSet, DatasetInfo, int]] = {}
 
     def loader(self, structures: StructureSet, model: torch.nn.Module) -> BatchLoader:
         """The loader of a set, made once (its workers stay for the whole run)."""
@@ -211,14 +214,24 @@ class Trainer:
             return packed_batches(mine, structures.n_atoms, self.hypers.max_atoms_per_batch)
         return [[mine[i] for i in batch] for batch in batch_indices(len(mine), self.hypers.batch_size, None)]
 
-    def evaluate(self, model: torch.nn.Module, structures: StructureSet, loss: Loss | None) -> Metrics:
-        """Errors of ``model`` over a whole set; each rank takes a part, sums are reduced."""
-        metrics = Metrics(self.terms)
+    def evaluate(
+        self, model: torch.nn.Module, structures: StructureSet, loss: Loss | None, info: DatasetInfo | None = None
+    ) -> Metrics:
+        """Errors of ``model`` over a whole set, on the terms of the training targets or of
+        ``info``'s (the original validation set of a fine-tuning run); each rank takes a
+        part, sums are reduced."""
+        terms = self.terms if info is None else terms_of(info)
+        metrics = Metrics(terms)
         model.eval()
         for read in self.loader(structures, model).batches(self.set_batches(structures)):
-            batch = self.batch(read)
+            if info is None:
+                batch = self.batch(read)
+            else:
+                forces = any(t.forces for t in info.targets.values())
+                stress = any(t.stress for t in info.targets.values())
+                batch = make_batch(read, self.dtype, self.device, forces, stress)
             with blame_architecture(self.architecture):
-                predictions = predict(model, batch, self.info, create_graph=False)
+                predictions = predict(model, batch, info or self.info, create_graph=False)
             metrics.update(predictions, batch, loss)
         metrics.load_tensor(self.environment.all_reduce_sum(metrics.as_tensor()))
         return metrics
@@ -412,6 +425,16 @@ class Trainer:
                             state.best_figure = figure
                             state.best_model_state = _snapshot(model)
                             state.best_epoch, state.best_validation = epoch, validation_metrics.results()
+                        for name, (structures, info, interval) in self.monitored.items():
+                            if epoch % interval == 0:
+                                watched = self.evaluate(model, structures, None, info)
+                                if main:
+                                    LOGGER.info(
+                                        "epoch %d, %s: %s",
+                                        epoch,
+                                        name,
+                                        format_metrics(watched.results(), watched.units(), hypers.log_mae),
+                                    )
                     learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
                     if plateau is not None and scheduler is not None:  # the same loss on every rank
                         if plateau.step(validation_metrics.results()["loss"]) and main:

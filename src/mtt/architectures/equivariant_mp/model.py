@@ -21,14 +21,14 @@ No ``from __future__ import annotations`` here: TorchScript compiles the model.
 """
 
 import math
-from typing import Iterable, List
+from typing import Iterable, List, Tuple
 
 import torch
 from metatomic.torch import NeighborListOptions
 
 from ...data.dataset import DatasetInfo
 from ...data.flat_batch import FlatBatch
-from ..base import Model
+from ..base import Model, shared_indices
 from ..spherical import SphericalHarmonics
 from .hypers import EquivariantMpHypers
 from .layers import ElementLinear, EquivariantLinear, Interaction
@@ -156,3 +156,22 @@ class EquivariantMp(Model):
             atoms += len(batch.types)
         if atoms and pairs:
             self.average_neighbors.fill_(pairs / atoms)
+
+    # -- fine-tuning ----------------------------------------------------------------------
+    @torch.jit.unused
+    def heads(self) -> List[torch.nn.Module]:
+        """Every layer's readout, from its scalars to the atom's contributions."""
+        return [layer.readout for layer in self.layers]
+
+    @torch.jit.unused
+    def indexed_axes(self, name: str, old: Model) -> List[Tuple[int, List[Tuple[int, int]]]]:
+        """Weights per element have the element first; the readouts' last matrices end
+        with one column per target."""
+        elements = shared_indices(self.atomic_types, old.atomic_types)
+        if name == "embedding" or name.endswith((".skip.weights", ".product.weights")):
+            return [(0, elements)]
+        if ".readout.weights." in name:
+            _, layer, _, _, number = name.split(".")
+            if int(number) == len(self.layers[int(layer)].readout.weights) - 1:
+                return [(1, self.shared_outputs(old))]
+        return []

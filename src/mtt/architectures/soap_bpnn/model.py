@@ -5,14 +5,14 @@ The descriptor is featomic's SOAP power spectrum, computed with torch operations
 plain TorchScript.
 """
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from metatomic.torch import NeighborListOptions
 
 from ...data.dataset import DatasetInfo
 from ...data.flat_batch import FlatBatch
-from ..base import Model
+from ..base import Model, shared_indices
 from .derivatives import SoapFeatures, kept_inputs
 from .hypers import BpnnHypers, SoapBpnnHypers
 from .soap import SoapPowerSpectrum
@@ -150,3 +150,65 @@ class SoapBpnn(Model):
     @torch.jit.unused
     def interaction_range(self) -> float:
         return self.cutoff
+
+    # -- fine-tuning ----------------------------------------------------------------------
+    @torch.jit.unused
+    def heads(self) -> List[torch.nn.Module]:
+        """The last linear layer of every element's network."""
+        return [network[-1] for network in self.networks]
+
+    @torch.jit.unused
+    def inherited_name(self, name: str, old: Model) -> Optional[str]:
+        """``networks.<i>`` is the network of the i-th element, numbered in each model's elements."""
+        if not name.startswith("networks."):
+            return name
+        _, number, rest = name.split(".", 2)
+        atomic_type = self.atomic_types[int(number)]
+        if atomic_type not in old.atomic_types:
+            return None
+        return f"networks.{old.atomic_types.index(atomic_type)}.{rest}"
+
+    @torch.jit.unused
+    def indexed_axes(self, name: str, old: Model) -> List[Tuple[int, List[Tuple[int, int]]]]:
+        """Targets are the outputs of each network's last layer; the features of a pair of
+        elements the other model lacks are the new inputs of its first layer (and layer norm)."""
+        if not name.startswith("networks."):
+            return []
+        _, _, layer, kind = name.split(".")
+        last = len(self.networks[0]) - 1
+        first = 1 if self.layernorm else 0
+        axes: List[Tuple[int, List[Tuple[int, int]]]] = []
+        if int(layer) == last:
+            axes.append((0, self.shared_outputs(old)))
+        features = self.shared_features(old)
+        if self.layernorm and int(layer) == 0:
+            axes.append((0, features))
+        if int(layer) == first and kind == "weight":
+            axes.append((1, features))
+        return axes
+
+    @torch.jit.unused
+    def shared_features(self, old: Model) -> List[Tuple[int, int]]:
+        """(index here, index in ``old``) of the features both descriptors compute: those
+        of the pairs of neighbour elements both models know."""
+        assert isinstance(old, SoapBpnn)
+        block = self.soap.n_features // len(self.soap.type_pairs)
+        mine = [(self.atomic_types[a], self.atomic_types[b]) for a, b in self.soap.type_pairs]
+        theirs = [(old.atomic_types[a], old.atomic_types[b]) for a, b in old.soap.type_pairs]
+        return [(i * block + k, j * block + k) for i, j in shared_indices(mine, theirs) for k in range(block)]
+
+    @torch.jit.unused
+    def inherit(self, old: Model) -> None:
+        """As :meth:`Model.inherit`; a network of an element both models know then gives the
+        features of new pairs of elements a weight of zero, so that it starts from ``old``'s
+        predictions wherever those elements are absent (up to its layer norm's statistics)."""
+        super().inherit(old)
+        shared = {i for i, _ in self.shared_features(old)}
+        new = [i for i in range(self.soap.n_features) if i not in shared]
+        if not new:
+            return
+        first = 1 if self.layernorm else 0
+        with torch.no_grad():
+            for network, atomic_type in zip(self.networks, self.atomic_types):
+                if atomic_type in old.atomic_types:
+                    network[first].weight[:, new] = 0.0
