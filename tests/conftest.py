@@ -20,7 +20,7 @@ def emt_file() -> Path:
     return EMT_DATA
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data beside the clone; in CI it must be there, elsewhere tests skip."""
     if not SHARED_DATA.is_dir():

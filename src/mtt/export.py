@@ -64,7 +64,7 @@ def atomistic_model(
     for target, output in zip(info.targets.values(), model.output_names):
         outputs[output] = ModelOutput(
             unit=target.unit,
-            sample_kind="system",
+            sample_kind="atom" if target.per_atom else "system",
             explicit_gradients=[],
             description=target.description or f"{target.name}, trained with mtt",
         )

@@ -40,8 +40,14 @@ class EvaluatedModel:
             target = name.split("::", 1)[-1]
             energy = name == "energy" or output.unit in ENERGY_UNITS
             self.output_names.append(name)
+            # whether a target is a vector, and its number of properties, come with its values
             self.targets[target] = TargetInfo(
-                name=target, quantity="energy" if energy else "", unit=output.unit, forces=energy, stress=energy
+                name=target,
+                quantity="energy" if energy else "",
+                unit=output.unit,
+                forces=energy,
+                stress=energy,
+                per_atom=output.sample_kind == "atom",
             )
 
     def info(self, periodic: bool) -> DatasetInfo:

@@ -9,6 +9,10 @@ hyperparameters) and ``__maintainers__``, and optionally
   options still override;
 - ``__supported_devices__`` and ``__supported_dtypes__``: what it runs on (by default
   ``("cpu", "cuda")`` and ``("float32", "float64")``), checked before training;
+- ``__target_kinds__``: the kinds of targets its models predict, among "scalar", "scalar
+  per atom", "vector" and "vector per atom" (by default the scalars: a per-atom scalar is
+  a column of ``per_atom_outputs`` that is not summed; vectors must rotate with the
+  structure, which the architecture has to guarantee);
 - ``__checkpoint_version__`` (an int, 1 by default) and ``upgrade_checkpoint(state,
   version)``, which turns the model state and hyperparameters of an older checkpoint
   (``{"model_hypers": ..., "model_state": ..., "best_model_state": ...}``) into those of
@@ -24,7 +28,7 @@ import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..errors import ArchitectureError, MttError, OptionsError, did_you_mean
 
@@ -47,6 +51,25 @@ class Architecture:
     supported_dtypes: tuple[str, ...] = ("float32", "float64")
     checkpoint_version: int = 1
     upgrade_checkpoint: Callable[[dict, int], dict] | None = None
+    target_kinds: tuple[str, ...] = ("scalar", "scalar per atom")
+
+    def check_targets(self, targets: Iterable) -> None:
+        """Refuse a target of a kind this architecture does not predict, naming those that do."""
+        for target in targets:
+            kind = ("vector" if target.vector else "scalar") + (" per atom" if target.per_atom else "")
+            if kind in self.target_kinds:
+                continue
+            able = []
+            for name in sorted(available()):
+                try:
+                    if kind in load(name).target_kinds:
+                        able.append(name)
+                except MttError:
+                    continue
+            raise OptionsError(
+                f"target '{target.name}' is a {kind}, which the '{self.name}' architecture does not predict.",
+                hint=f"Architectures that do: {', '.join(able) or 'none installed'}.",
+            )
 
     def check_capabilities(self, device: str, dtype: str) -> None:
         """Refuse a device type ('cpu', 'cuda') or dtype the architecture does not run on."""
@@ -96,6 +119,7 @@ def load(name: str) -> Architecture:
             supported_dtypes=tuple(getattr(module, "__supported_dtypes__", ("float32", "float64"))),
             checkpoint_version=int(getattr(module, "__checkpoint_version__", 1)),
             upgrade_checkpoint=getattr(module, "upgrade_checkpoint", None),
+            target_kinds=tuple(getattr(module, "__target_kinds__", ("scalar", "scalar per atom"))),
         )
     except Exception as error:
         if name in BUILTIN:

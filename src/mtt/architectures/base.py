@@ -45,16 +45,42 @@ class CompositionBaseline(torch.nn.Module):
 class Model(torch.nn.Module):
     """Base class of the models of all architectures."""
 
+    # declared for TorchScript, which cannot infer the type of an empty list
+    output_starts: List[int]
+    output_widths: List[int]
+    output_properties: List[int]
+    output_vectors: List[bool]
+    output_per_atom: List[bool]
+
     def __init__(self, info: DatasetInfo):
         super().__init__()
         self.atomic_types: List[int] = list(info.atomic_types)
         self.output_names: List[str] = [output_name(t) for t in info.targets]
-        self.composition = CompositionBaseline(self.atomic_types, len(self.output_names))
-        self._properties = Labels("_", torch.tensor([[0]]))
+        # the columns of every output among the per-atom outputs, target after target: one
+        # per property, or x, y and z of each property for vectors
+        self.output_starts: List[int] = []
+        self.output_widths: List[int] = []
+        self.output_properties: List[int] = []
+        self.output_vectors: List[bool] = []
+        self.output_per_atom: List[bool] = []
+        start = 0
+        for target in info.targets.values():
+            self.output_starts.append(start)
+            self.output_widths.append(target.width)
+            self.output_properties.append(target.properties)
+            self.output_vectors.append(target.vector)
+            self.output_per_atom.append(target.per_atom)
+            start += target.width
+        self.n_columns = start
+        self.composition = CompositionBaseline(self.atomic_types, self.n_columns)
+        self._xyz = Labels("xyz", torch.tensor([[0], [1], [2]]))
 
     # -- what an architecture implements -------------------------------------------------
     def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
-        """Network contribution of every atom of ``batch``, (atoms, number of targets).
+        """Network contribution of every atom of ``batch``, (atoms, ``n_columns``): the
+        columns of each target from ``output_starts``, ``output_widths`` of them; a vector
+        target's are x, y and z of each property, and must rotate with the structure (what
+        the framework sums over atoms for a per-structure target must be too).
 
         The same function runs in training, with the trainer's batches (and what it keeps
         in ``batch.data``), and in the exported model, with batches built from the
@@ -151,15 +177,36 @@ class Model(torch.nn.Module):
 
     @torch.jit.unused
     def shared_outputs(self, old: "Model") -> List[Tuple[int, int]]:
-        """(index here, index in ``old``) of the outputs both models have."""
-        return shared_indices(self.output_names, old.output_names)
+        """(column here, column in ``old``) of the outputs both models have."""
+        pairs = []
+        for mine, theirs in shared_indices(self.output_names, old.output_names):
+            if self.output_widths[mine] != old.output_widths[theirs]:
+                raise ValueError(f"output {self.output_names[mine]} changed its shape")
+            start, previous = self.output_starts[mine], old.output_starts[theirs]
+            pairs += [(start + k, previous + k) for k in range(self.output_widths[mine])]
+        return pairs
 
     # -- what the framework provides ----------------------------------------------------
-    def outputs_of_batch(self, batch: FlatBatch) -> torch.Tensor:
-        """Per-structure outputs (structures, targets) of a batch, with the baseline."""
+    def outputs_of_batch(self, batch: FlatBatch) -> Dict[str, torch.Tensor]:
+        """Each output of a batch, with the baseline: (structures, width) per structure, or
+        (atoms, width) for per-atom targets."""
         per_atom = self.composition(batch.types, self.per_atom_outputs(batch))
         totals = torch.zeros((batch.n_structures, per_atom.shape[1]), dtype=per_atom.dtype, device=per_atom.device)
-        return totals.index_add(0, batch.structure, per_atom)
+        totals = totals.index_add(0, batch.structure, per_atom)
+        results: Dict[str, torch.Tensor] = {}
+        for i, name in enumerate(self.output_names):
+            start, stop = self.output_starts[i], self.output_starts[i] + self.output_widths[i]
+            results[name] = per_atom[:, start:stop] if self.output_per_atom[i] else totals[:, start:stop]
+        return results
+
+    def _block(self, i: int, values: torch.Tensor, samples: Labels) -> TensorBlock:
+        """Output ``i``'s columns of ``values`` as metatensor's block: (samples, [xyz,] properties)."""
+        device = values.device
+        properties = Labels("_", torch.arange(self.output_properties[i], device=device, dtype=torch.int32)[:, None])
+        if self.output_vectors[i]:
+            values = values.reshape(values.shape[0], self.output_properties[i], 3).transpose(1, 2)
+            return TensorBlock(values=values, samples=samples, components=[self._xyz.to(device)], properties=properties)
+        return TensorBlock(values=values, samples=samples, components=[], properties=properties)
 
     def forward(
         self,
@@ -178,7 +225,6 @@ class Model(torch.nn.Module):
         device = types.device
         per_atom = self.composition(types, self.per_atom_outputs(batch))
         keys = Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=device))
-        properties = self._properties.to(device)
         per_atom_requested = False
         for name in self.output_names:
             if name in outputs and outputs[name].sample_kind == "atom":
@@ -190,9 +236,8 @@ class Model(torch.nn.Module):
             samples = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
             for i, name in enumerate(self.output_names):
                 if name in outputs:
-                    block = TensorBlock(
-                        values=totals[:, i : i + 1], samples=samples, components=[], properties=properties
-                    )
+                    start = self.output_starts[i]
+                    block = self._block(i, totals[:, start : start + self.output_widths[i]], samples)
                     results[name] = TensorMap(keys, [block])
             return results
 
@@ -210,7 +255,8 @@ class Model(torch.nn.Module):
         for i, name in enumerate(self.output_names):
             if name not in outputs:
                 continue
-            values = per_atom[:, i : i + 1]
+            start = self.output_starts[i]
+            values = per_atom[:, start : start + self.output_widths[i]]
             if outputs[name].sample_kind == "atom":
                 atom_in_system = atom_numbers - first_atom[system_of_atom]
                 samples = Labels(
@@ -218,11 +264,10 @@ class Model(torch.nn.Module):
                     torch.stack([system_of_atom, atom_in_system], dim=1).to(torch.int32),
                 )
             else:
-                summed = torch.zeros((len(systems), 1), dtype=values.dtype, device=device)
+                summed = torch.zeros((len(systems), values.shape[1]), dtype=values.dtype, device=device)
                 values = summed.index_add(0, system_of_atom, values)
                 samples = Labels(["system"], torch.arange(len(systems), device=device, dtype=torch.int32)[:, None])
-            block = TensorBlock(values=values, samples=samples, components=[], properties=properties)
-            results[name] = TensorMap(keys, [block])
+            results[name] = TensorMap(keys, [self._block(i, values, samples)])
         return results
 
 

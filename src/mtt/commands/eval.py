@@ -37,11 +37,18 @@ def _check_elements(model: EvaluatedModel, structures: StructureSet) -> None:
 
 
 def _check_targets(model: EvaluatedModel, reference: DatasetInfo, where: str) -> None:
-    for name in reference.targets:
+    for name, target in reference.targets.items():
         if name not in model.targets:
             raise DataError(
                 f"'{where}' asks for target '{name}', which the model does not predict.",
                 hint=f"The model predicts: {', '.join(model.targets) or 'nothing mtt can compare'}.",
+            )
+        if model.targets[name].per_atom != target.per_atom:
+            kind = "per atom" if model.targets[name].per_atom else "per structure"
+            raise DataError(
+                f"'{where}' reads target '{name}' {'per atom' if target.per_atom else 'per structure'}, "
+                f"but the model predicts it {kind}.",
+                hint="Set the target's sample_kind in the dataset options to the model's.",
             )
 
 
@@ -187,9 +194,13 @@ def _frames_of(
     beside them, the reference values of the dataset as reference_<name> (in eV and Å)."""
     frames, first_atom = [], 0
     for i, structure in enumerate(structures):
-        values = {}
-        for name in info.targets:
-            values[name] = float(predictions.values[name][i])
+        values, per_atom = {}, {}
+        atoms_of = slice(first_atom, first_atom + len(structure))
+        for name, target in info.targets.items():
+            if target.per_atom:
+                per_atom[name] = _plain(predictions.values[name][atoms_of])
+            else:
+                values[name] = _plain(predictions.values[name][i])
             prefix = "" if name == "energy" else f"{name}_"
             if name in predictions.forces:
                 values[f"{prefix}forces"] = predictions.forces[name][first_atom : first_atom + len(structure)].numpy()
@@ -197,15 +208,30 @@ def _frames_of(
                 values[f"{prefix}stress"] = predictions.stress[name][i].numpy()
         first_atom += len(structure)
         atoms = _to_atoms(structure, values)
-        for name in reference.targets:
+        for name, array in per_atom.items():
+            atoms.arrays[name] = array
+        for name, target in reference.targets.items():
             if name in structure.values:
-                atoms.info[f"reference_{name}"] = float(structure.values[name].reshape(()))
+                value = _plain(structure.values[name])
+                if target.per_atom:
+                    atoms.arrays[f"reference_{name}"] = value
+                else:
+                    atoms.info[f"reference_{name}"] = value
             if name in structure.forces:
                 atoms.arrays[f"reference_{term_label(name, 'forces')}"] = structure.forces[name].numpy()
             if name in structure.stress:
                 atoms.info[f"reference_{term_label(name, 'stress')}"] = structure.stress[name].numpy()
         frames.append(atoms)
     return frames
+
+
+def _plain(values: torch.Tensor):
+    """A float for one number, else a NumPy array (a row per atom, one column for scalars)."""
+    values = values.detach()
+    if values.numel() == 1 and values.dim() <= 1:
+        return float(values.reshape(()))
+    array = values.numpy()
+    return array[:, 0] if array.ndim == 2 and array.shape[1] == 1 else array
 
 
 def _print_table(metrics: Metrics) -> None:

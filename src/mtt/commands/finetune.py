@@ -139,19 +139,21 @@ def prepare_training(model: torch.nn.Module, hypers: FinetuneHypers, architectur
     return f"{hypers.method}: {what}, {trained} of {total} weights trained"
 
 
-def fixed_baseline(model: torch.nn.Module, finetuning: Finetuning, new: DatasetInfo) -> dict[str, dict[int, float]]:
+def fixed_baseline(model: torch.nn.Module, finetuning: Finetuning, new: DatasetInfo) -> dict[str, dict[int, Any]]:
     """The per-element values kept from the checkpoint: those of its elements for the
     targets it had (with ``refit_baseline``, only of elements the new data lacks)."""
     kept_types = [
         z for z in finetuning.info.atomic_types if not finetuning.hypers.refit_baseline or z not in new.atomic_types
     ]
     weights = model.composition.weights
-    kept: dict[str, dict[int, float]] = {}
+    kept: dict[str, dict[int, float | list[float]]] = {}
     for name in new.targets:
         if name not in finetuning.info.targets:
             continue
-        column = model.output_names.index(architectures.base.output_name(name))
-        kept[name] = {z: float(weights[model.atomic_types.index(z), column]) for z in kept_types}
+        index = model.output_names.index(architectures.base.output_name(name))
+        columns = slice(model.output_starts[index], model.output_starts[index] + model.output_widths[index])
+        rows = {z: weights[model.atomic_types.index(z), columns].tolist() for z in kept_types}
+        kept[name] = {z: values[0] if len(values) == 1 else values for z, values in rows.items()}
     return kept
 
 

@@ -14,10 +14,10 @@ from .. import architectures, distributed
 from ..config import ComposedOptions, load_options
 from ..data.batching import check_cutoff, compute_neighbor_lists
 from ..data.dataset import DatasetInfo, Splits, load_splits
-from ..export import model_from_state
 from ..data.readers import Structure
 from ..data.structure_sets import InMemorySet, StructureSet, sample_for_statistics
 from ..errors import CheckpointError
+from ..export import model_from_state
 from ..metric_loggers import check_loggers, open_loggers
 from ..outputs import (
     FILE_LOGGER,
@@ -78,6 +78,7 @@ def train(
     splits = load_splits(options.raw, Path(options_path).parent, run.seed)
     info = splits.info  # what is learned
     model_info = info if finetuning is None else joined_info(finetuning, info)  # what the model predicts
+    architecture.check_targets(model_info.targets.values())
     if restart is not None:
         check_restart_data(restart, splits, model_info)
 
@@ -107,13 +108,7 @@ def train(
             len(splits.test),
             ", ".join(chemical_symbols[z] for z in info.atomic_types),
         )
-        LOGGER.info(
-            "learning %s",
-            ", ".join(
-                f"{t.name} [{t.unit}]" + (" + forces" if t.forces else "") + (" + stress" if t.stress else "")
-                for t in info.targets.values()
-            ),
-        )
+        LOGGER.info("learning %s", ", ".join(t.describe() for t in info.targets.values()))
         LOGGER.info("training: %s", how_it_trains(hypers, environment.world_size))
 
     loggers = open_loggers(run.loggers, folder, options.raw) if main else []

@@ -116,7 +116,7 @@ class Batch:
     strains: list[torch.Tensor] | None
     volumes: torch.Tensor  # (n_systems,) cell volumes, for stress
     n_atoms: torch.Tensor  # (n_systems,)
-    values: dict[str, torch.Tensor]  # name -> (n_systems,)
+    values: dict[str, torch.Tensor]  # name -> (n_systems, width), or (n_atoms_total, width) per atom
     forces: dict[str, torch.Tensor]  # name -> (n_atoms_total, 3)
     stress: dict[str, torch.Tensor]  # name -> (n_systems, 3, 3)
 
@@ -283,10 +283,16 @@ def make_batch(
         strains=strains if stress else None,
         volumes=torch.stack([s.volume for s in prepared]),
         n_atoms=torch.tensor([len(s.types) for s in prepared], device=device),
-        values={n: torch.cat([s.values[n].reshape(-1) for s in prepared]) for n in prepared[0].values},
+        # (structures, width) per structure, (atoms, width) for per-atom targets
+        values={n: torch.cat([_rows(s.values[n]) for s in prepared]) for n in prepared[0].values},
         forces={n: torch.cat([s.forces[n] for s in prepared]) for n in prepared[0].forces},
         stress={n: torch.stack([s.stress[n] for s in prepared]) for n in prepared[0].stress},
     )
+
+
+def _rows(values: torch.Tensor) -> torch.Tensor:
+    """A structure's values as rows: one for a per-structure target's (width,), one per atom."""
+    return values.reshape(1, -1) if values.dim() == 1 else values
 
 
 def batch_indices(n_items: int, batch_size: int, generator: torch.Generator | None) -> list[list[int]]:

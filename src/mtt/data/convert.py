@@ -104,7 +104,15 @@ def _locate(block: DatasetOptions, base_dir: Path, where: str) -> tuple[DatasetR
         if not counts:
             raise DataError(f"dataset file '{path}' holds no structure.")
         first = parsed_by_ase(path, lambda: next(ase.io.iread(path)))
-    return plan_reading(block, first, path, base_dir, where), offsets, counts
+    reading = plan_reading(block, first, path, base_dir, where)
+    for target in reading.infos:
+        if target.per_atom or target.width > 1:
+            raise DataError(
+                f"target '{target.name}' of '{where}' is {target.describe()}: converted datasets hold one number "
+                "per structure and target (with forces and stress) and cannot hold it yet.",
+                hint="Train from the extended XYZ file, read into memory, or convert without this target.",
+            )
+    return reading, offsets, counts
 
 
 def _tasks(sources: list[_Source], processes: int) -> list[tuple[int, int, int]]:

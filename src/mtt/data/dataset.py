@@ -75,10 +75,7 @@ class Splits:
 
 def _learned(targets: list[TargetInfo]) -> dict[str, str]:
     """What is learned of each target, e.g. {'energy': 'energy [eV] + forces + stress'}."""
-    return {
-        t.name: f"{t.name} [{t.unit}]" + (" + forces" if t.forces else "") + (" + stress" if t.stress else "")
-        for t in targets
-    }
+    return {t.name: t.describe() for t in targets}
 
 
 def read_block(block: DatasetOptions, base_dir: Path, where: str) -> tuple[StructureSet, list[TargetInfo], Path]:

@@ -52,9 +52,18 @@ class TargetOptions:
         "", "'energy' for an energy with forces and stress; default: 'energy' for a target named energy."
     )
     read_from: Optional[str] = option(None, "Accepted for metatrain's files; must be the systems file (the default).")
-    per_atom: bool = option(False, "Only per-structure targets are supported; must be false.")
-    type: Literal["scalar"] = option("scalar", "Only scalar targets are supported.")
-    num_subtargets: int = option(1, "Only single-valued targets are supported; must be 1.")
+    sample_kind: Literal["system", "atom", "atom_pair"] = option(
+        "system",
+        "What one value belongs to: a structure (system) or an atom (atom: read from the file's per-atom "
+        "arrays, e.g. partial charges). atom_pair is not supported yet.",
+    )
+    per_atom: Optional[bool] = option(None, "Older spelling of sample_kind: true is sample_kind: atom.")
+    type: Union[Literal["scalar"], dict[str, Any]] = option(
+        "scalar",
+        "scalar, or {cartesian: {rank: 1}} for a vector (3 numbers per value: a dipole moment, or a "
+        "vector per atom); predicted equivariantly. Other ranks and spherical targets are not supported yet.",
+    )
+    num_subtargets: int = option(1, "Values per structure or atom (of 3 numbers each for vectors).")
     description: str = option("", "Free text stored in the exported model.")
     forces: Union[bool, str, DerivativeOptions, None] = option(
         None,
@@ -70,6 +79,40 @@ class TargetOptions:
         "Virial (3x3, energy) of an energy target, used as stress = -virial / volume. "
         "Default: the 'virial' field when the file has one and no stress is given.",
     )
+
+    @property
+    def on_atoms(self) -> bool:
+        """Whether the values are per atom (``sample_kind: atom`` or ``per_atom: true``)."""
+        return self.sample_kind == "atom" or bool(self.per_atom)
+
+    def layout_problems(self, where: str) -> list[str]:
+        """What of ``sample_kind``, ``type`` and ``num_subtargets`` mtt does not support (yet)."""
+        problems = []
+        if self.sample_kind == "atom_pair":
+            problems.append(
+                f"'{where}.sample_kind: atom_pair' is not supported yet: targets are per structure or per atom"
+            )
+        if self.num_subtargets < 1:
+            problems.append(f"'{where}.num_subtargets' must be >= 1, got {self.num_subtargets}")
+        if isinstance(self.type, dict):
+            kinds = set(self.type)
+            cartesian = self.type.get("cartesian")
+            if kinds == {"cartesian"} and isinstance(cartesian, dict) and cartesian.get("rank") == 1:
+                pass
+            elif kinds == {"cartesian"} and isinstance(cartesian, dict) and isinstance(cartesian.get("rank"), int):
+                problems.append(
+                    f"'{where}.type: {{cartesian: {{rank: {cartesian['rank']}}}}}' is not supported yet: "
+                    "vectors (rank 1) and scalars are"
+                )
+            elif kinds == {"spherical"}:
+                problems.append(f"'{where}.type: spherical' is not supported yet: scalars and cartesian vectors are")
+            else:
+                problems.append(f"'{where}.type' must be scalar or {{cartesian: {{rank: 1}}}}, got {self.type!r}")
+        return problems
+
+    @property
+    def is_vector(self) -> bool:
+        return isinstance(self.type, dict)
 
     def quantity_of(self, name: str) -> str:
         """'energy' for an energy (the target named energy, unless it says otherwise), else ''."""
@@ -129,13 +172,14 @@ def unit_problems(block: DatasetOptions, where: str) -> list[str]:
     from .units import energy_factor, length_factor, property_factor
 
     checks = [(length_factor, block.systems.length_unit, f"{where}.systems.length_unit")]
+    problems = []
     for name, target in block.targets.items():
+        problems += target.layout_problems(f"{where}.targets.{name}")
         place = f"{where}.targets.{name}.unit"
         if target.quantity_of(name) == "energy":
             checks.append((energy_factor, target.unit or "eV", place))
         else:
             checks.append((property_factor, target.unit, place))
-    problems = []
     for check, unit, place in checks:
         try:
             check(unit, place)

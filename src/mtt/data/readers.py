@@ -27,9 +27,26 @@ class TargetInfo:
     forces: bool = False
     stress: bool = False
     description: str = ""
+    per_atom: bool = False  # one value per atom (sample_kind: atom), not per structure
+    vector: bool = False  # 3 numbers (x, y, z) per value, rotating with the structure
+    properties: int = 1  # values per structure or atom (num_subtargets)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+    @property
+    def width(self) -> int:
+        """Numbers per structure or atom: the properties, times 3 for vectors (property by
+        property, x y z each)."""
+        return self.properties * (3 if self.vector else 1)
+
+    def describe(self) -> str:
+        """What is learned of it: 'energy [eV] + forces + stress', 'charges [e] per atom',
+        'dipole [e*angstrom] vector'."""
+        shape = " vector" if self.vector else ""
+        shape += f" x {self.properties}" if self.properties > 1 else ""
+        derivatives = (" + forces" if self.forces else "") + (" + stress" if self.stress else "")
+        return f"{self.name} [{self.unit}]" + shape + (" per atom" if self.per_atom else "") + derivatives
 
 
 @dataclass
@@ -40,7 +57,8 @@ class Structure:
     positions: torch.Tensor  # (n_atoms, 3) float64
     cell: torch.Tensor  # (3, 3) float64, zeros for molecules
     pbc: torch.Tensor  # (3,) bool
-    values: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (1,)
+    #: name -> (width,), or (n_atoms, width) for per-atom targets
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
     forces: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (n_atoms, 3)
     stress: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (3, 3)
     #: (file, index in it): the same structure has the same key, however often it is read
@@ -192,14 +210,19 @@ class DatasetReading:
         )
         for target in self.targets:
             info, key, factor = target.info, target.key, target.factor
-            value = _require(atoms, key, False, index, path, f"target '{info.name}'")
-            if value.size != 1:
+            value = _require(atoms, key, info.per_atom, index, path, f"target '{info.name}'")
+            shape = (len(atoms), info.width) if info.per_atom else (info.width,)
+            if value.size != int(np.prod(shape)):
+                what = "atom" if info.per_atom else "structure"
                 raise DataError(
-                    f"target '{info.name}' (key '{key}') in structure {index} of '{path}' "
-                    f"has {value.size} values, expected one number per structure.",
+                    f"target '{info.name}' (key '{key}') in structure {index} of '{path}' has {value.size} "
+                    f"values, expected {info.width} per {what}"
+                    + (f" ({len(atoms)} atoms)" if info.per_atom else "")
+                    + ".",
+                    hint="Check the target's sample_kind, type and num_subtargets.",
                 )
             # float64 explicitly: torch's default float32 would round energies of ~1e4 eV by ~1 meV
-            structure.values[info.name] = torch.tensor([float(value.reshape(()))], dtype=torch.float64) * factor
+            structure.values[info.name] = torch.tensor(value.reshape(shape), dtype=torch.float64) * factor
             if target.forces is not None:
                 array = _require(atoms, target.forces, True, index, path, f"forces of '{info.name}'")
                 if array.shape != (len(atoms), 3):
@@ -228,11 +251,14 @@ def plan_reading(options: DatasetOptions, first: ase.Atoms, path: Path, base_dir
                 "targets from a separate file is not supported.",
                 hint="Store the targets in the same file as the structures.",
             )
-        if target.per_atom or target.num_subtargets != 1:
-            raise DataError(
-                f"'{twhere}': only per-structure scalar targets are supported (per_atom: false, num_subtargets: 1).",
-            )
         quantity = target.quantity_of(name)
+        if quantity == "energy" and (target.on_atoms or target.is_vector or target.num_subtargets != 1):
+            raise DataError(
+                f"'{twhere}' is an energy, one number per structure: it cannot be per atom, a vector or have "
+                "several subtargets.",
+                hint="Give the target another name (quantities other than energies are learned as they are), "
+                "or set quantity: '' for a property.",
+            )
         if quantity == "energy":
             factor, unit = energy_factor(target.unit or "eV", f"{twhere}.unit"), "eV"
             forces = _derivative_key(target.forces, "forces", frames, True, f"{twhere}.forces")
@@ -255,6 +281,9 @@ def plan_reading(options: DatasetOptions, first: ase.Atoms, path: Path, base_dir
             forces=forces is not None,
             stress=stress is not None or virial is not None,
             description=target.description,
+            per_atom=target.on_atoms,
+            vector=target.is_vector,
+            properties=target.num_subtargets,
         )
         targets.append(_TargetReading(info, target.key or name, factor, forces, stress, virial))
     return DatasetReading(path, l_factor, targets)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -25,9 +25,14 @@ class StatisticsChunk:
     """What fitting the baseline and the spreads needs of some structures, as arrays."""
 
     counts: np.ndarray  # (k, n_types) float64: atoms of each type, columns in the order asked
-    values: dict[str, np.ndarray]  # target -> (k,) values in internal units
+    #: per-structure target -> (k,) or (k, width) values in internal units
+    values: dict[str, np.ndarray]
     #: (target, "forces" or "stress") -> (sum of squares of the reference, number of components)
     squares: dict[tuple[str, str], tuple[float, int]]
+    #: per-atom target -> (n_types, width) sums of its values over the atoms of each type,
+    #: and of their squares
+    atom_sums: dict[str, np.ndarray] = field(default_factory=dict)
+    atom_squares: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class StructureSet(ABC):
@@ -114,7 +119,18 @@ class InMemorySet(StructureSet):
             elements, numbers = np.unique(structure.types.numpy(), return_counts=True)
             counts[row, [column[int(z)] for z in elements]] = numbers
         names = chosen[0].values.keys() if chosen else []
-        values = {name: np.array([float(s.values[name]) for s in chosen]) for name in names}
+        values, atom_sums, atom_squares = {}, {}, {}
+        for name in names:
+            if chosen[0].values[name].dim() == 1:  # per structure
+                values[name] = np.stack([s.values[name].numpy() for s in chosen])
+                continue
+            width = chosen[0].values[name].shape[1]
+            atom_sums[name], atom_squares[name] = np.zeros((len(types), width)), np.zeros((len(types), width))
+            for structure in chosen:
+                rows = [column[int(z)] for z in structure.types]
+                array = structure.values[name].numpy()
+                np.add.at(atom_sums[name], rows, array)
+                np.add.at(atom_squares[name], rows, array * array)
         squares = {}
         for kind in ("forces", "stress"):
             for name in getattr(chosen[0], kind) if chosen else []:
@@ -123,7 +139,7 @@ class InMemorySet(StructureSet):
                     float(sum(float(p.double().pow(2).sum()) for p in parts)),
                     sum(p.numel() for p in parts),
                 )
-        return StatisticsChunk(counts, values, squares)
+        return StatisticsChunk(counts, values, squares, atom_sums, atom_squares)
 
     def type_counts(self) -> dict[int, int]:
         counts: dict[int, int] = {}

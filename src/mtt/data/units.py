@@ -30,6 +30,7 @@ _LENGTH = {
 }
 # per-structure properties other than energies, with the unit they are stored in
 _OTHER = {
+    "e": (1.0, "e"),  # charges, in elementary charges
     "debye": (ase.units.Debye, "e*angstrom"),
     "e*angstrom": (1.0, "e*angstrom"),
     "e*bohr": (ase.units.Bohr, "e*angstrom"),
@@ -75,7 +76,7 @@ def property_factor(unit: str, where: str) -> tuple[float, str]:
         return _ENERGY[key], ENERGY_UNIT
     if key in _OTHER:
         return _OTHER[key]
-    known = KNOWN_ENERGY_UNITS + ("Debye", "e*angstrom", "e*bohr", "bohr^3", "angstrom^3")
+    known = KNOWN_ENERGY_UNITS + ("e", "Debye", "e*angstrom", "e*bohr", "bohr^3", "angstrom^3")
     raise OptionsError(
         f"unknown unit '{unit}' in '{where}'.{did_you_mean(unit, known)}",
         hint=f"Known units: {', '.join(known)}; leave the unit empty to keep values as they are.",

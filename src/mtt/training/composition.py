@@ -52,28 +52,60 @@ def fit_baseline(
     ``scale_targets`` the network output is scaled by the per-atom spread, or with
     ``"forces"`` by the RMS of the forces (times 1 Å) for energies learned with forces.
 
+    A per-atom target's baseline is the mean of each element's values; a vector has none
+    (a constant vector would not rotate with the structure), and its spread is its RMS.
+
     The structures are never held at once: the least-squares problem is solved from its
     normal equations (atom counts are integers, so their products are exact), summed
     chunk by chunk and over ranks, and the spreads from sums of squares.
     """
     types = info.atomic_types
-    names = list(info.targets)
+    targets = list(info.targets.values())
     squared = [(t.target, t.kind) for t in terms if t.kind != "values"]
     n = len(types)
+    # the layout of the sums of the first pass: name -> (offset, size)
+    layout: dict[str, tuple[int, int]] = {"gram": (0, n * n), "atoms": (n * n, n)}
+    size = n * n + n
+    for target in targets:
+        width = target.width
+        parts = ["sums", "squares"] if target.per_atom else ["rhs"]
+        for part in parts:
+            layout[f"{part}.{target.name}"] = (size, n * width)
+            size += n * width
+    layout["squared"] = (size, 2 * len(squared))
+    size += 2 * len(squared)
 
     def first_pass(start: int, stop: int) -> torch.Tensor:
         chunk = structures.statistics(types, start, stop)
         counts = chunk.counts
-        parts = [(counts.T @ counts).reshape(-1)]
-        parts += [counts.T @ chunk.values[name] for name in names]
-        parts.append(np.array([v for key in squared for v in chunk.squares.get(key, (0.0, 0))], dtype=np.float64))
-        return torch.from_numpy(np.concatenate(parts))
+        total = np.zeros(size)
 
-    sums = _summed(structures, environment, first_pass, n * n + len(names) * n + 2 * len(squared)).numpy()
-    gram = sums[: n * n].reshape(n, n)
+        def put(name: str, value: np.ndarray) -> None:
+            offset, length = layout[name]
+            total[offset : offset + length] = value.reshape(-1)
+
+        put("gram", counts.T @ counts)
+        put("atoms", counts.sum(axis=0))
+        for target in targets:
+            if target.per_atom:
+                put(f"sums.{target.name}", chunk.atom_sums[target.name])
+                put(f"squares.{target.name}", chunk.atom_squares[target.name])
+            else:
+                put(f"rhs.{target.name}", counts.T @ _columns(chunk.values[target.name]))
+        put("squared", np.array([v for key in squared for v in chunk.squares.get(key, (0.0, 0))], dtype=np.float64))
+        return torch.from_numpy(total)
+
+    sums = _summed(structures, environment, first_pass, size).numpy()
+
+    def part(name: str, width: int = 1) -> np.ndarray:
+        offset, length = layout[name]
+        return sums[offset : offset + length].reshape(-1, width) if width > 1 else sums[offset : offset + length]
+
+    gram = part("gram").reshape(n, n)
+    atoms_of_type = part("atoms")
     weights_of = {}
-    for index, name in enumerate(names):
-        rhs = sums[n * n + index * n : n * n + (index + 1) * n]
+    for target in targets:
+        name, width = target.name, target.width
         given = fixed.get(name, {})
         unknown = set(given) - set(types)
         if unknown:
@@ -81,46 +113,70 @@ def fit_baseline(
                 f"'architecture.training.fixed_composition_weights.{name}' has atomic "
                 f"numbers {sorted(unknown)} that are not in the training set {types}."
             )
-        weights = np.zeros(n)
+        weights = np.zeros((n, width))
+        if target.vector:
+            weights_of[name] = weights
+            continue
         free = [i for i, t in enumerate(types) if t not in given]
         for atomic_type, value in given.items():
             weights[types.index(atomic_type)] = value
-        if free:
+        if target.per_atom:  # each element's mean
+            element_sums = part(f"sums.{name}").reshape(n, width)
+            for i in free:
+                if atoms_of_type[i] > 0:
+                    weights[i] = element_sums[i] / atoms_of_type[i]
+        elif free:
+            rhs = part(f"rhs.{name}").reshape(n, width)
             right = rhs[free] - gram[np.ix_(free, range(n))] @ weights
-            matrix, vector = torch.from_numpy(gram[np.ix_(free, free)]), torch.from_numpy(right)[:, None]
+            matrix, vector = torch.from_numpy(gram[np.ix_(free, free)]), torch.from_numpy(right)
             solution = torch.linalg.lstsq(matrix, vector, rcond=1e-12, driver="gelsd").solution
-            weights[free] = solution[:, 0].numpy()
+            weights[free] = solution.numpy()
         weights_of[name] = weights
     rms = {}
-    offset = n * n + len(names) * n
+    offset = layout["squared"][0]
     for k, key in enumerate(squared):
         total, count = sums[offset + 2 * k], sums[offset + 2 * k + 1]
         rms[key] = float(np.sqrt(total / count)) if count else 0.0
 
+    per_structure = [t for t in targets if not t.per_atom]
+
     def second_pass(start: int, stop: int) -> torch.Tensor:
         chunk = structures.statistics(types, start, stop)
-        atoms = chunk.counts.sum(axis=1)
+        atoms = chunk.counts.sum(axis=1)[:, None]
         parts = []
-        for name in names:
-            residual = (chunk.values[name] - chunk.counts @ weights_of[name]) / atoms
+        for target in per_structure:
+            residual = (_columns(chunk.values[target.name]) - chunk.counts @ weights_of[target.name]) / atoms
             parts += [residual.sum(), np.square(residual).sum()]
         return torch.tensor(parts, dtype=torch.float64)
 
-    residuals = _summed(structures, environment, second_pass, 2 * len(names)).numpy()
+    residuals = _summed(structures, environment, second_pass, 2 * len(per_structure)).numpy()
     spreads = {}
-    count = len(structures)
-    for index, target in enumerate(info.targets.values()):
-        total, squares = residuals[2 * index], residuals[2 * index + 1]
-        variance = (squares - total * total / count) / (count - 1) if count > 1 else 0.0
+    for target in targets:
+        if target.per_atom:  # from each element's sums: sum over atoms of (value - the element's)^2
+            weights = weights_of[target.name]
+            element_sums = part(f"sums.{target.name}").reshape(n, -1)
+            element_squares = part(f"squares.{target.name}").reshape(n, -1)
+            total = float((element_sums - atoms_of_type[:, None] * weights).sum())
+            squares = float((element_squares - 2 * weights * element_sums + atoms_of_type[:, None] * weights**2).sum())
+            count = float(atoms_of_type.sum()) * target.width
+        else:
+            index = per_structure.index(target)
+            total, squares = residuals[2 * index], residuals[2 * index + 1]
+            count = len(structures) * target.width
+        if target.vector:  # about zero, not about the mean: no direction is preferred
+            variance = squares / count if count else 0.0
+        else:
+            variance = (squares - total * total / count) / (count - 1) if count > 1 else 0.0
         spread = float(np.sqrt(max(variance, 0.0)))
         spread = spread if spread > 1e-12 else 1.0
-        column = model.output_names.index(output_name(target.name))  # a fine-tuned model has more
-        model.composition.weights[:, column] = torch.from_numpy(weights_of[target.name])
+        start = model.output_starts[model.output_names.index(output_name(target.name))]  # a fine-tuned model has more
+        columns = slice(start, start + target.width)
+        model.composition.weights[:, columns] = torch.from_numpy(weights_of[target.name])
         scale = spread if scale_targets else 1.0
         if scale_targets == "forces" and target.forces:
             force_rms = rms[(target.name, "forces")]
             scale = force_rms if force_rms > 1e-12 else spread
-        model.composition.scales[column] = scale
+        model.composition.scales[columns] = scale
         spreads[target.name] = spread
 
     result = {}
@@ -136,3 +192,8 @@ def fit_baseline(
             value_label = next(t.label for t in terms if t.target == target.name and t.kind == "values")
             result[value_label] = result[force_label]
     return result
+
+
+def _columns(values: np.ndarray) -> np.ndarray:
+    """Per-structure values as (structures, width): converted datasets store scalars as (k,)."""
+    return values.reshape(len(values), -1)

@@ -23,6 +23,8 @@ class Term:
     label: str  # name in logs and metrics: energy, forces, stress, or target names
     unit: str
     per_atom: bool  # values of energy-like targets are compared per atom
+    on_atoms: bool = False  # one value per atom (a per-atom target, or forces)
+    width: int = 1  # numbers per structure or atom
 
 
 def term_label(target: str, kind: str) -> str:
@@ -37,7 +39,7 @@ def terms_of(info: DatasetInfo) -> list[Term]:
     terms = []
     for target in info.targets.values():
         extensive = target.quantity == "energy"
-        terms.append(Term(target.name, "values", target.name, target.unit, extensive))
+        terms.append(Term(target.name, "values", target.name, target.unit, extensive, target.per_atom, target.width))
         if target.forces:
             terms.append(Term(target.name, "forces", term_label(target.name, "forces"), "eV/A", False))
         if target.stress:
@@ -121,7 +123,9 @@ def term_shares(
     def elements(term: Term, atoms: Sequence[int]) -> int:
         if term.kind == "forces":
             return 3 * int(sum(atoms))
-        return len(atoms) * (9 if term.kind == "stress" else 1)
+        if term.kind == "stress":
+            return 9 * len(atoms)
+        return term.width * (int(sum(atoms)) if term.on_atoms else len(atoms))
 
     return {t.label: world_size * elements(t, mine_atoms) / elements(t, everyone_atoms) for t in terms}
 

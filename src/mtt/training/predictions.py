@@ -19,7 +19,7 @@ from ..data.dataset import DatasetInfo
 
 @dataclass
 class Predictions:
-    values: dict[str, torch.Tensor]
+    values: dict[str, torch.Tensor]  # (structures, width), or (atoms, width) for per-atom targets
     forces: dict[str, torch.Tensor]
     stress: dict[str, torch.Tensor]
 
@@ -29,14 +29,22 @@ def predict(model: Any, batch: Batch, info: DatasetInfo, create_graph: bool) -> 
     a batch; ``create_graph`` keeps derivatives differentiable (training)."""
     if batch.flat is not None:
         outputs = model.outputs_of_batch(batch.flat)
-        per_structure = {name: outputs[:, i] for i, name in enumerate(model.output_names)}
     else:
-        requested = {name: ModelOutput(sample_kind="system") for name in model.output_names}
+        requested = {
+            output_name(t.name): ModelOutput(sample_kind="atom" if t.per_atom else "system")
+            for t in info.targets.values()
+        }
         results = model(batch.systems, requested)
-        per_structure = {name: results[name].block().values.reshape(-1) for name in model.output_names}
+        outputs = {}
+        for name, result in results.items():
+            block = result.block()
+            values = block.values
+            if len(block.components) == 1:  # a vector, (samples, xyz, properties): property by property
+                values = values.transpose(1, 2)
+            outputs[name] = values.reshape(len(values), -1)
     values, forces, stress = {}, {}, {}
     for target in info.targets.values():  # a fine-tuned model may have more outputs
-        values[target.name] = per_structure[output_name(target.name)]
+        values[target.name] = outputs[output_name(target.name)]
         if not (target.forces or target.stress):
             continue
         inputs = list(batch.positions)

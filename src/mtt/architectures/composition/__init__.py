@@ -27,7 +27,7 @@ class CompositionModel(Model):
     def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
         # zero, but still a function of the positions so forces (all zero) exist
         zero = batch.positions.sum(dim=1) * 0.0
-        return zero[:, None].expand(len(zero), len(self.output_names))
+        return zero[:, None].expand(len(zero), self.n_columns)
 
 
 __model__ = CompositionModel

@@ -15,3 +15,19 @@ __training_defaults__ = {
     "ema_decay": 0.99,
     "final_stage": {"start_fraction": 0.75, "learning_rate": 0.001, "loss_weights": {}},
 }
+__target_kinds__ = ("scalar", "scalar per atom", "vector", "vector per atom")
+#: 2: the readout of vectors (``vector_readout``), empty in models without vector targets
+__checkpoint_version__ = 2
+
+
+def upgrade_checkpoint(state: dict, version: int) -> dict:
+    """Version 1 -> 2: models of version 1 have no vector target, hence an empty vector readout."""
+    import torch
+
+    channels = int(state["model_hypers"]["channels"])
+    for key in ("model_state", "best_model_state"):
+        weights = state.get(key)
+        if weights is not None and "vector_readout" not in weights:
+            dtype = next(v.dtype for v in weights.values() if v.is_floating_point())
+            weights["vector_readout"] = torch.zeros((channels, 0), dtype=dtype)
+    return state

@@ -82,7 +82,9 @@ class Layer(torch.nn.Module):
 
 
 class EquivariantMp(Model):
-    """Per-atom energies (and other per-structure targets) from equivariant message passing."""
+    """Per-atom energies (and other targets) from equivariant message passing."""
+
+    vector_columns: List[int]  # for TorchScript, which cannot infer the type of an empty list
 
     def __init__(self, hypers: EquivariantMpHypers, info: DatasetInfo):
         super().__init__(info)
@@ -100,16 +102,26 @@ class EquivariantMp(Model):
         self.register_buffer("harmonic_parity", torch.tensor(parity), persistent=False)
         self.radial_basis = BesselBasis(hypers.cutoff, hypers.num_radial, hypers.envelope_exponent)
         self.embedding = torch.nn.Parameter(torch.randn(n_elements, channels))
-        n_targets = len(self.output_names)
+        n_targets = self.n_columns
+        # vectors come from the last layer's l = 1 features, one column of weights per
+        # property; their scalar readout columns stay unused (every target keeps its columns)
+        self.vector_columns: List[int] = [
+            self.output_starts[i] + 3 * number
+            for i in range(len(self.output_names))
+            if self.output_vectors[i]
+            for number in range(self.output_properties[i])
+        ]
         layers = []
         in_l = 0
         for number in range(hypers.num_layers):
             last = number == hypers.num_layers - 1
-            out_l = 0 if last else hypers.hidden_l  # the last layer: scalars only
+            # the last layer: scalars only, and vectors when a target is one
+            out_l = (1 if self.vector_columns else 0) if last else hypers.hidden_l
             sizes = [channels, hypers.readout_hidden, n_targets] if last else [channels, n_targets]
             layers.append(Layer(in_l, out_l, hypers, n_elements, True, NormalizedMlp(sizes)))
             in_l = out_l
         self.layers = torch.nn.ModuleList(layers)
+        self.vector_readout = torch.nn.Parameter(torch.randn(channels, len(self.vector_columns)))
         # the training set's average number of neighbours, which normalises the sums over
         # neighbours (:meth:`adapt_to_data`); kept in checkpoints and exported models
         self.register_buffer("average_neighbors", torch.tensor(1.0, dtype=torch.float64))
@@ -134,10 +146,17 @@ class EquivariantMp(Model):
         average_neighbors = self.average_neighbors.to(distances.dtype)
 
         features = self.embedding[species.index_select(0, order)][:, :, None]
-        outputs = torch.zeros((len(order), len(self.output_names)), dtype=distances.dtype, device=distances.device)
+        outputs = torch.zeros((len(order), self.n_columns), dtype=distances.dtype, device=distances.device)
         for layer in self.layers:
             features = layer(features, counts, harmonics, radial_basis, first, second, average_neighbors)
             outputs = outputs + layer.readout(features[:, :, 0])
+        if len(self.vector_columns) > 0:
+            # l = 1 components are (y, z, x): taken as (x, y, z)
+            vectors = features[:, :, 1:4].index_select(2, torch.tensor([2, 0, 1], device=features.device))
+            weights = self.vector_readout.to(features.dtype) / math.sqrt(self.vector_readout.shape[0])
+            vectors = torch.einsum("acm,cp->apm", vectors, weights)
+            for number, column in enumerate(self.vector_columns):
+                outputs[:, column : column + 3] = vectors[:, number]
         return outputs.index_select(0, position)
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
@@ -170,6 +189,11 @@ class EquivariantMp(Model):
         elements = shared_indices(self.atomic_types, old.atomic_types)
         if name == "embedding" or name.endswith((".skip.weights", ".product.weights")):
             return [(0, elements)]
+        if name == "vector_readout":
+            mine = {column: k for k, column in enumerate(self.vector_columns)}
+            theirs = {column: k for k, column in enumerate(old.vector_columns)}
+            pairs = [(mine[a], theirs[b]) for a, b in self.shared_outputs(old) if a in mine and b in theirs]
+            return [(1, pairs)]
         if ".readout.weights." in name:
             _, layer, _, _, number = name.split(".")
             if int(number) == len(self.layers[int(layer)].readout.weights) - 1:

@@ -53,8 +53,12 @@ class SoapBpnn(Model):
         )
         self.layernorm = hypers.bpnn.layernorm
         self.networks = torch.nn.ModuleList(
-            [_element_network(self.soap.n_features, len(self.output_names), hypers.bpnn) for _ in self.atomic_types]
+            [_element_network(self.soap.n_features, self.n_columns, hypers.bpnn) for _ in self.atomic_types]
         )
+        for name, vector, per_atom in zip(self.output_names, self.output_vectors, self.output_per_atom):
+            if vector and per_atom:
+                raise ValueError(f"SOAP-BPNN cannot predict a vector per atom ({name})")
+        self.has_vectors = any(self.output_vectors)
 
     def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
         """Exported models compute the features with the plain torch operations of
@@ -63,14 +67,42 @@ class SoapBpnn(Model):
         the kept features (:meth:`_training_outputs`). The architecture tests check that
         both give the same values, forces, stress and weight gradients."""
         if torch.jit.is_scripting():
-            return self._exported_outputs(batch)
-        return self._training_outputs(batch)
+            outputs = self._exported_outputs(batch)
+        else:
+            outputs = self._training_outputs(batch)
+        return self._with_dipoles(outputs, batch) if self.has_vectors else outputs
+
+    def _with_dipoles(self, outputs: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
+        """A vector per structure (a dipole moment) as the sum of atomic charges times
+        positions: each atom's contribution is its charge, made neutral over its structure
+        (the first of the network's three columns of each property), times its position
+        from the structure's centre, which rotates with the structure and does not depend
+        on where the structure is. For molecules: positions of periodic images are not."""
+        structure = batch.structure
+        ones = torch.ones(len(structure), dtype=outputs.dtype, device=outputs.device)
+        counts = torch.zeros(batch.n_structures, dtype=outputs.dtype, device=outputs.device).index_add(
+            0, structure, ones
+        )
+        centres = torch.zeros((batch.n_structures, 3), dtype=outputs.dtype, device=outputs.device)
+        centres = centres.index_add(0, structure, batch.positions) / counts[:, None]
+        relative = batch.positions - centres.index_select(0, structure)
+        result = outputs.clone()
+        for i in range(len(self.output_names)):
+            if not self.output_vectors[i]:
+                continue
+            for number in range(self.output_properties[i]):
+                column = self.output_starts[i] + 3 * number
+                charges = outputs[:, column]
+                totals = torch.zeros_like(counts).index_add(0, structure, charges)
+                neutral = charges - (totals / counts).index_select(0, structure)
+                result[:, column : column + 3] = neutral[:, None] * relative
+        return result
 
     def _exported_outputs(self, batch: FlatBatch) -> torch.Tensor:
         pairs = batch.neighbors[0]
         types = batch.types
         features = self.soap(types, pairs.first, pairs.second, pairs.vectors)
-        result = torch.zeros((len(types), len(self.output_names)), dtype=features.dtype, device=features.device)
+        result = torch.zeros((len(types), self.n_columns), dtype=features.dtype, device=features.device)
         for i, network in enumerate(self.networks):
             atoms = torch.nonzero(types == self.atomic_types[i]).reshape(-1)
             if len(atoms) > 0:  # this element is in the batch

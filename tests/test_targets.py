@@ -1,0 +1,152 @@
+"""Targets beyond energies, as users train them: per-atom values (partial charges, forces
+learned directly), vectors per structure (dipole moments) and per atom, predicted
+equivariantly, exported, evaluated; and the target options mtt does not support yet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import ase.io
+import numpy as np
+import pytest
+from conftest import EMT_DATA, SMALL_SOAP, run_mtt, write_options
+from test_cli_errors import assert_user_error
+
+SMALL_MP = "name: equivariant_mp\nmodel: {channels: 8, max_l: 1, hidden_l: 1, correlation: 2, num_layers: 2}"
+CHARGES = "charges: {key: charges, sample_kind: atom, unit: e}"
+DIPOLE = "dipole: {key: dipole, type: {cartesian: {rank: 1}}, unit: Debye}"
+
+
+def options(architecture: str, targets: list[str], data: Path, epochs: int = 2) -> str:
+    body = "".join(f"  {line}\n" for line in architecture.splitlines())
+    lines = "".join(f"    {line}\n" for line in targets)
+    return (
+        f"seed: 5\narchitecture:\n{body}  training: {{num_epochs: {epochs}, batch_size: 16}}\n"
+        f"training_set:\n  systems: {data}\n  targets:\n{lines}validation_set: 0.1\ntest_set: 0.1\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def molecules(shared_data, tmp_path_factory) -> Path:
+    """200 ethanol configurations with GFN2-xTB charges (e) and dipoles, here in Debye."""
+    folder = tmp_path_factory.mktemp("ethanol")
+    frames = ase.io.read(shared_data / "ethanol_xtb_2000.xyz", "::10")
+    for atoms in frames:
+        atoms.calc.results["dipole"] = atoms.calc.results["dipole"] / ase.units.Debye
+    ase.io.write(folder / "ethanol.xyz", frames)
+    return folder / "ethanol.xyz"
+
+
+def train(folder: Path, text: str, model: str = "model.pt") -> subprocess.CompletedProcess:
+    write_options(folder, text)
+    result = run_mtt("train", "options.yaml", "-o", model, cwd=folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+#: in a process that never imports mtt: the exported model's outputs on a molecule, rotated
+#: and translated; its charges do not change, its dipole rotates with it
+ROTATE = """
+import sys, ase.io, numpy as np
+from metatomic.torch import ModelOutput
+from metatomic_ase import MetatomicCalculator
+calculator = MetatomicCalculator(sys.argv[1], extensions_directory=sys.argv[1].replace("model.pt", "extensions"))
+atoms = ase.io.read(sys.argv[2], index=0)
+atoms.calc = None
+angle = 0.7
+rotation = np.array([[np.cos(angle), -np.sin(angle), 0], [np.sin(angle), np.cos(angle), 0], [0, 0, 1]])
+rotation = rotation @ np.array([[1, 0, 0], [0, np.cos(1.1), -np.sin(1.1)], [0, np.sin(1.1), np.cos(1.1)]])
+outputs = calculator._model.capabilities().outputs
+requested = {name: ModelOutput(sample_kind=outputs[name].sample_kind) for name in outputs if name.startswith("mtt::")}
+def predict(moved):
+    results = calculator.run_model(moved, requested)
+    return {name: result.block().values.detach().numpy() for name, result in results.items()}
+before = predict(atoms)
+moved = atoms.copy()
+moved.positions = atoms.positions @ rotation.T + np.array([3.0, -1.0, 2.0])
+if atoms.pbc.any():
+    moved.cell = atoms.cell.array @ rotation.T
+after = predict(moved)
+for name, values in before.items():
+    if values.ndim == 3:  # vectors: (samples, xyz, properties)
+        expected = np.einsum("ij,sjp->sip", rotation, values)
+    else:
+        expected = values
+    assert np.allclose(after[name], expected, atol=1e-9), (name, after[name], expected)
+    assert np.abs(values).max() > 1e-6, name
+print(sorted(before))
+"""
+
+
+@pytest.mark.parametrize("architecture", [SMALL_SOAP, SMALL_MP], ids=["soap_bpnn", "equivariant_mp"])
+def test_charges_and_a_dipole_are_learned_exported_and_rotate(molecules, tmp_path, architecture):
+    result = train(tmp_path, options(architecture, [CHARGES, DIPOLE], molecules, epochs=3))
+    assert "learning charges [e] per atom, dipole [e*angstrom] vector" in result.stdout
+    assert "charges RMSE [e]" in result.stdout and "dipole RMSE [e*angstrom]" in result.stdout
+    checked = subprocess.run(
+        [sys.executable, "-c", ROTATE, str(tmp_path / "model.pt"), str(molecules)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "['mtt::charges', 'mtt::dipole']" in checked.stdout
+    # mtt eval: a table, parity plots and the predictions beside the references
+    write_options(tmp_path, f"systems: {molecules}\ntargets:\n  {CHARGES}\n  {DIPOLE}\n", "eval.yaml")
+    evaluated = run_mtt("eval", "model.pt", "eval.yaml", "--plots", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "charges " in evaluated.stdout and "dipole " in evaluated.stdout
+    assert (tmp_path / "predictions_parity_charges.png").is_file()
+    assert (tmp_path / "predictions_parity_dipole.png").is_file()
+    first = ase.io.read(tmp_path / "predictions.xyz", index=0)
+    reference = ase.io.read(molecules, index=0)
+    assert np.asarray(first.info["reference_dipole"]) == pytest.approx(
+        reference.calc.results["dipole"] * ase.units.Debye
+    )
+    predicted = first.calc.results["dipole"]  # ASE's reader takes a dipole as a result of the structure
+    assert predicted.shape == (3,) and first.arrays["reference_charges"].shape == (len(first),)
+
+
+def test_vectors_per_atom_need_an_architecture_that_predicts_them(tmp_path):
+    """Forces learned directly, as a vector per atom (equivariant_mp), or as metatrain's test
+    options do, three scalars per atom (any architecture); SOAP-BPNN refuses vectors per atom."""
+    direct = "direct: {key: forces, sample_kind: atom, type: {cartesian: {rank: 1}}}"
+    result = train(tmp_path, options(SMALL_MP, [direct], EMT_DATA, epochs=1))
+    assert "direct [] vector per atom" in result.stdout
+    checked = subprocess.run(
+        [sys.executable, "-c", ROTATE, str(tmp_path / "model.pt"), str(EMT_DATA)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stderr
+
+    scalars = tmp_path / "scalars"
+    scalars.mkdir()
+    three = "direct: {key: forces, sample_kind: atom, num_subtargets: 3}"
+    assert "direct [] x 3 per atom" in train(scalars, options(SMALL_SOAP, [three], EMT_DATA, epochs=1)).stdout
+
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    write_options(refused, options(SMALL_SOAP, [direct], EMT_DATA))
+    assert_user_error(
+        run_mtt("train", "options.yaml", cwd=refused), "'direct' is a vector per atom", "'soap_bpnn'", "equivariant_mp"
+    )
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("q: {key: charges, sample_kind: atom_pair}", ["sample_kind: atom_pair' is not supported yet"]),
+        ("q: {key: stress, type: {cartesian: {rank: 2}}}", ["rank: 2}}' is not supported yet"]),
+        ("q: {key: stress, type: {spherical: {irreps: [{o3_lambda: 2, o3_sigma: 1}]}}}", ["spherical' is not"]),
+        ("energy: {key: energy, sample_kind: atom}", ["'training_set.targets.energy' is an energy", "per atom"]),
+        ("q: {key: energy, sample_kind: atom}", ["target 'q' (key 'energy')", "expected 1 per atom"]),
+    ],
+)
+def test_target_options_mtt_does_not_support_say_so(tmp_path, target, words):
+    write_options(tmp_path, options(SMALL_SOAP, [target], EMT_DATA))
+    assert_user_error(run_mtt("train", "options.yaml", cwd=tmp_path), *words)
+
+
+def test_converting_a_per_atom_target_is_refused(molecules, tmp_path):
+    write_options(tmp_path, f"systems: {molecules}\ntargets:\n  {CHARGES}\n", "dataset.yaml")
+    result = run_mtt("data", "convert", "dataset.yaml", "-o", "charges", cwd=tmp_path)
+    assert_user_error(result, "'charges'", "per atom", "cannot hold it yet")
+    assert not list(tmp_path.glob("charges*"))
