@@ -222,3 +222,51 @@ def test_a_composition_model_cannot_be_finetuned_by_heads(tmp_path):
     training = f"{{finetune: {{read_from: {checkpoint}, method: heads}}}}"
     write_options(folder, options("name: composition", training, EMT_DATA))
     assert_user_error(run_mtt("train", "options.yaml", cwd=folder), "method: heads", "does not say which")
+
+
+def test_an_ethanol_model_learns_another_level_of_theory(shared_data, tmp_path):
+    """DFT ethanol fine-tuned on GFN2-xTB ethanol: the energy zero differs, so the baseline is refitted."""
+    xtb = tmp_path / "xtb.xyz"
+    ase.io.write(xtb, ase.io.read(shared_data / "ethanol_xtb_2000.xyz", "::20"))
+    write_options(
+        tmp_path, options(SMALL_SOAP, "{num_epochs: 3, batch_size: 10}", shared_data / "ethanol_reduced_100.xyz")
+    )
+    train(tmp_path, "options.yaml")
+    checkpoint = the_run(tmp_path) / "model.ckpt"
+    folder = tmp_path / "xtb"
+    folder.mkdir()
+    training = f"{{num_epochs: 3, batch_size: 10, finetune: {{read_from: {checkpoint}, refit_baseline: true}}}}"
+    write_options(folder, options("name: soap_bpnn", training, xtb))
+    result = train(folder, "options.yaml")
+    rows = {
+        line.split("[")[0].strip(): [float(x) for x in line.split("]")[-1].split()[:2]]
+        for line in result.stdout.splitlines()
+        if "validation: " in line and "RMSE" in line
+    }
+    assert set(rows) == {
+        "validation: energy per atom RMSE",
+        "validation: forces RMSE",
+        "original validation: energy per atom RMSE",
+        "original validation: forces RMSE",
+    }
+    before, after = rows["validation: forces RMSE"]
+    assert after < before, result.stdout  # fine-tuning learns the new data
+
+
+def test_a_qm9_model_learns_an_element_it_lacked(shared_data, tmp_path):
+    frames = ase.io.read(shared_data / "qm9_reduced_100.xyz", ":")
+    ase.io.write(tmp_path / "without_n.xyz", [f for f in frames if "N" not in f.get_chemical_symbols()])
+    ase.io.write(tmp_path / "with_n.xyz", [f for f in frames if "N" in f.get_chemical_symbols()])
+    target = "    energy: {key: U0, unit: eV}\n"
+    write_options(tmp_path, options(SMALL_SOAP, "{num_epochs: 2, batch_size: 8}", tmp_path / "without_n.xyz", target))
+    train(tmp_path, "options.yaml")
+    checkpoint = the_run(tmp_path) / "model.ckpt"
+    folder = tmp_path / "nitrogen"
+    folder.mkdir()
+    training = f"{{num_epochs: 2, batch_size: 8, finetune: {{read_from: {checkpoint}, method: heads}}}}"
+    write_options(folder, options("name: soap_bpnn", training, tmp_path / "with_n.xyz", target))
+    result = train(folder, "options.yaml", "-o", "with_n.pt")
+    assert "structures of H, C, N, O" in result.stdout and "original validation: energy per atom RMSE" in result.stdout
+    state = torch.load(the_run(folder) / "model.ckpt", weights_only=True)
+    assert state["dataset_info"]["atomic_types"] == [1, 6, 7, 8]
+    check_exported_forces(folder / "with_n.pt", tmp_path / "with_n.xyz")

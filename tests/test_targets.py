@@ -150,3 +150,35 @@ def test_converting_a_per_atom_target_is_refused(molecules, tmp_path):
     result = run_mtt("data", "convert", "dataset.yaml", "-o", "charges", cwd=tmp_path)
     assert_user_error(result, "'charges'", "per atom", "cannot hold it yet")
     assert not list(tmp_path.glob("charges*"))
+
+
+def test_datasets_with_different_targets_in_one_set_are_not_supported_yet(tmp_path):
+    frames = ase.io.read(EMT_DATA, ":")
+    ase.io.write(tmp_path / "a.xyz", frames[:50])
+    ase.io.write(tmp_path / "b.xyz", frames[50:])
+    text = (
+        f"architecture:\n  {SMALL_SOAP.replace(chr(10), chr(10) + '  ')}\n"
+        "training_set:\n"
+        "  - {systems: a.xyz, targets: {energy: {key: energy}}}\n"
+        "  - {systems: b.xyz, targets: {energy/emt: {key: energy}}}\n"
+    )
+    write_options(tmp_path, text)
+    assert_user_error(
+        run_mtt("train", "options.yaml", cwd=tmp_path), "'training_set[1]'", "variants", "not supported yet"
+    )
+
+
+def test_an_equivariant_mp_checkpoint_of_layout_1_is_upgraded(tmp_path):
+    """Checkpoints written before vector targets existed have no vector readout."""
+    import torch
+
+    train(tmp_path, options(SMALL_MP, ["energy: {key: energy}"], EMT_DATA, epochs=1))
+    (checkpoint,) = tmp_path.glob("outputs/*/*/model.ckpt")
+    content = torch.load(checkpoint, weights_only=True)
+    for key in ("model_state", "best_model_state"):
+        del content[key]["vector_readout"]
+    content["architecture_version"] = 1
+    torch.save(content, tmp_path / "old.ckpt")
+    result = run_mtt("export", "old.ckpt", "-o", "old.pt", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "old.pt").is_file()

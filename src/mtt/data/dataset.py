@@ -109,7 +109,10 @@ def _read_blocks(value: Any, where: str, base_dir: Path) -> tuple[StructureSet, 
             raise DataError(
                 f"'{block_where}' does not define the same targets (and forces/stress) as "
                 f"the first dataset of '{where}': {', '.join(_learned(block_targets).values()) or 'none'} "
-                f"instead of {', '.join(_learned(targets).values()) or 'none'}.",
+                f"instead of {', '.join(_learned(targets).values()) or 'none'}. Datasets with different "
+                "targets in one set (metatrain's variants) are not supported yet.",
+                hint="Read the same targets from every dataset of the set, or train on them in separate runs "
+                "(fine-tuning a run's model on the other data keeps both targets: see Fine-tuning).",
             )
         structures.extend(read)
         origins.extend((str(path), j) for j in range(len(read)))
