@@ -203,6 +203,33 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(tmp_path / "single"))
 
 
+def test_torchrun_matches_one_process_with_per_atom_targets(tmp_path):
+    """A per-atom target's loss is a mean over the atoms of the whole batch: each rank weighs
+    its part by its atoms, as for forces."""
+    text = emt_options(
+        SMALL_SOAP,
+        "{batch_size: 8, num_epochs: 2}",
+        "energy: {key: energy, unit: eV, forces: off, stress: off}\n"
+        "direct: {key: forces, sample_kind: atom, num_subtargets: 3}",
+        seed=4,
+    )
+    options = write_options(tmp_path, text)
+    result = torchrun_train(options, tmp_path)
+    assert result.returncode == 0, result.stderr
+    single = tmp_path / "single"
+    single.mkdir()
+    reference = subprocess.run(
+        [sys.executable, "-m", "mtt", "train", str(write_options(single, text)), "architecture.training.batch_size=16"],
+        cwd=single,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert reference.returncode == 0, reference.stderr
+    assert any("direct" in key for key in epoch_metrics(tmp_path)[0])
+    assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """A running single-node SLURM cluster from ../shared/slurm."""
