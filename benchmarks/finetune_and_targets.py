@@ -56,6 +56,8 @@ def test_errors(stdout: str) -> dict[str, float]:
     """The summary's test column: metric -> value, in the units shown."""
     errors = {}
     for line in stdout.splitlines():
+        if "validation:" in line:  # the rows of the cost table
+            continue
         match = re.match(r"\s+(.+?RMSE) \[(.+?)\]\s+(\S+)\s+(\S+)$", line)
         if match:
             errors[f"{match.group(1)} [{match.group(2)}]"] = float(match.group(4))

@@ -250,8 +250,8 @@ def comparison_lines(
     if not rows:
         return []
     width = max(len(row[0]) for row in rows) + 2
-    lines.append("    " + " " * width + "before".rjust(10) + "after".rjust(10) + "change".rjust(9))
-    lines += ["    " + a.ljust(width) + b.rjust(10) + c.rjust(10) + d.rjust(9) for a, b, c, d in rows]
+    lines.append("    " + " " * width + "before".rjust(10) + "after".rjust(10) + "change".rjust(11))
+    lines += ["    " + a.ljust(width) + b.rjust(10) + c.rjust(10) + d.rjust(11) for a, b, c, d in rows]
     return lines
 
 

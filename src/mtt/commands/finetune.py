@@ -13,6 +13,7 @@ import torch
 
 from .. import architectures
 from ..architectures.adapters import add_adapters, choose_trained
+from ..architectures.base import copied_along, shared_indices
 from ..config import ComposedOptions
 from ..data.batching import compute_neighbor_lists
 from ..data.dataset import DatasetInfo, load_splits
@@ -175,3 +176,14 @@ def original_validation(finetuning: Finetuning, requests: list) -> tuple[Structu
         len(splits.validation),
     )
     return splits.validation, splits.info
+
+
+def with_original_baseline(model: torch.nn.Module, finetuning: Finetuning) -> torch.nn.Module:
+    """A copy of ``model`` whose baseline is the checkpoint's for its elements and targets."""
+    old, _, _ = model_from_state(finetuning.state)
+    copy_of = copy.deepcopy(model)
+    weights = copy_of.composition.weights
+    axes = [(0, shared_indices(copy_of.atomic_types, old.atomic_types)), (1, copy_of.shared_outputs(old))]
+    with torch.no_grad():
+        weights.copy_(copied_along(weights, old.composition.weights, axes))
+    return copy_of

@@ -41,6 +41,7 @@ from .finetune import (
     prepare_finetuning,
     prepare_training,
     start_from_checkpoint,
+    with_original_baseline,
 )
 from .restart import Restart, check_restart_data, is_complete, prepare_restart, say_complete
 from .run_files import deliver, how_it_trains, write_run_files
@@ -142,10 +143,16 @@ def train(
             units = {"validation": Metrics(trainer.terms).units()}
             if original is not None:
                 units["original validation"] = Metrics(terms_of(original[1])).units()
-            after = _finetune_figures(trainer, model, splits, original)
+            after = _finetune_figures(trainer, model, splits, original, baseline_of=finetuning)
             finetune_lines = comparison_lines(
                 f"fine-tuning of {finetuning.path} ({len(splits.validation)} validation structures"
-                + (f", {len(original[0])} of the original run)" if original is not None else ")"),
+                + (f", {len(original[0])} of the original run" if original is not None else "")
+                + (
+                    ", evaluated with the checkpoint's baseline"
+                    if original and finetuning.hypers.refit_baseline
+                    else ""
+                )
+                + ")",
                 state.finetune_start,
                 after,
                 units,
@@ -262,12 +269,18 @@ def _finetune_figures(
     splits: Splits,
     original: tuple | None,
     start: Finetuning | None = None,
+    baseline_of: Finetuning | None = None,
 ) -> dict[str, dict[str, float]]:
     """The errors of ``model`` on the validation set, and on the original run's; at the
-    ``start`` of fine-tuning, those of the checkpoint's own model on the original run's."""
+    ``start`` of fine-tuning, those of the checkpoint's own model on the original run's. A
+    baseline refitted to new data (``refit_baseline``: another level of theory, with another
+    energy zero) is set back to the checkpoint's of ``baseline_of`` for the original data,
+    whose references it would otherwise miss by the difference of the zeros."""
     figures = {"validation": trainer.evaluate(model, splits.validation, None).results()}
     if original is not None:
         if start is not None:
             model = model_from_state(start.state)[0].to(device=trainer.device, dtype=trainer.dtype)
+        elif baseline_of is not None and baseline_of.hypers.refit_baseline:
+            model = with_original_baseline(model, baseline_of)
         figures["original validation"] = trainer.evaluate(model, original[0], None, original[1]).results()
     return figures
