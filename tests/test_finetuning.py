@@ -169,10 +169,18 @@ def test_a_restart_continues_the_finetuning_exactly(pretrained, data, tmp_path):
     architecture, checkpoint = pretrained
     straight = tmp_path / "straight"
     straight.mkdir()
-    finetune(straight, architecture, checkpoint, data, ", method: lora")
+    finetune(straight, architecture, checkpoint, data, ", method: lora", file="without_gold.xyz")
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    finetune(resumed, architecture, checkpoint, data, ", method: lora", "architecture.training.num_epochs=1")
+    finetune(
+        resumed,
+        architecture,
+        checkpoint,
+        data,
+        ", method: lora",
+        "architecture.training.num_epochs=1",
+        file="without_gold.xyz",
+    )
     first = the_run(resumed)
     result = run_mtt("train", "options.yaml", "--restart", str(first / "model.ckpt"), cwd=resumed)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -199,6 +207,12 @@ def test_finetuning_errors_name_the_cause(pretrained, data, tmp_path):
         (
             options("name: soap_bpnn", "{num_epochs: 1, finetune: missing.ckpt}", data / "with_gold.xyz"),
             ["missing.ckpt", "does not exist"],
+        ),
+        (
+            options(
+                "name: soap_bpnn", f"{{finetune: {{read_from: {checkpoint}, method: lora}}}}", data / "with_gold.xyz"
+            ),
+            ["method: lora' cannot learn elements the checkpoint never saw (Au)", "method: full"],
         ),
         (
             options("name: composition", f"{{finetune: {{read_from: {checkpoint}, method: heads}}}}", EMT_DATA),
@@ -263,7 +277,7 @@ def test_a_qm9_model_learns_an_element_it_lacked(shared_data, tmp_path):
     checkpoint = the_run(tmp_path) / "model.ckpt"
     folder = tmp_path / "nitrogen"
     folder.mkdir()
-    training = f"{{num_epochs: 2, batch_size: 8, finetune: {{read_from: {checkpoint}, method: heads}}}}"
+    training = f"{{num_epochs: 2, batch_size: 8, finetune: {{read_from: {checkpoint}}}}}"
     write_options(folder, options("name: soap_bpnn", training, tmp_path / "with_n.xyz", target))
     result = train(folder, "options.yaml", "-o", "with_n.pt")
     assert "structures of H, C, N, O" in result.stdout and "original validation: energy per atom RMSE" in result.stdout

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ase.data import chemical_symbols
 
 from .. import architectures
 from ..architectures.adapters import add_adapters, choose_trained
@@ -115,6 +116,19 @@ def start_from_checkpoint(
     with architectures.blame_architecture(architecture):
         model.inherit(old)
     return old
+
+
+def check_method(finetuning: Finetuning, new: DatasetInfo) -> None:
+    """Refuse ``heads`` and ``lora`` for data with elements the checkpoint lacks: the
+    weights of a new element outside the heads would stay at their random start."""
+    missing = sorted(set(new.atomic_types) - set(finetuning.info.atomic_types))
+    if missing and finetuning.hypers.method != "full":
+        names = ", ".join(chemical_symbols[z] for z in missing)
+        raise OptionsError(
+            f"'{WHERE}.method: {finetuning.hypers.method}' cannot learn elements the checkpoint never saw "
+            f"({names}): their weights outside the heads would stay at their random start.",
+            hint="Use method: full to learn new elements (or train on data without them).",
+        )
 
 
 def prepare_training(model: torch.nn.Module, hypers: FinetuneHypers, architecture: architectures.Architecture) -> str:

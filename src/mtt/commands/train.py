@@ -35,6 +35,7 @@ from ..training.state import RunIdentity, TrainingState
 from ..training.trainer import Trainer
 from .finetune import (
     Finetuning,
+    check_method,
     fixed_baseline,
     joined_info,
     original_validation,
@@ -79,6 +80,8 @@ def train(
     splits = load_splits(options.raw, Path(options_path).parent, run.seed)
     info = splits.info  # what is learned
     model_info = info if finetuning is None else joined_info(finetuning, info)  # what the model predicts
+    if finetuning is not None:
+        check_method(finetuning, info)
     architecture.check_targets(model_info.targets.values())
     if restart is not None:
         check_restart_data(restart, splits, model_info)
@@ -259,7 +262,12 @@ def _watch_original(finetuning: Finetuning, trainer: Trainer, requests: list) ->
         return None
     interval = finetuning.hypers.original_validation_interval
     if interval is not None:
-        trainer.monitored["original validation"] = (*found, interval)
+        evaluated = (
+            (lambda model: model)
+            if not finetuning.hypers.refit_baseline
+            else (lambda model: with_original_baseline(model, finetuning))
+        )
+        trainer.monitored["original validation"] = (*found, interval, evaluated)
     return found
 
 

@@ -92,8 +92,9 @@ class Trainer:
         self.training_seconds = 0.0  # in the training steps, waiting for data included
         self.first_step_logged = False
         #: other sets evaluated every so many epochs, with their own targets: name ->
-        #: (structures, info, interval); their errors go to the log
-        self.monitored: dict[str, tuple[StructureSet, DatasetInfo, int]] = {}
+        #: (structures, info, interval, the model they are evaluated with, from the trained
+        #: one); their errors go to the log
+        self.monitored: dict[str, tuple[StructureSet, DatasetInfo, int, Callable]] = {}
 
     def loader(self, structures: StructureSet, model: torch.nn.Module) -> BatchLoader:
         """The loader of a set, made once (its workers stay for the whole run)."""
@@ -425,9 +426,9 @@ class Trainer:
                             state.best_figure = figure
                             state.best_model_state = _snapshot(model)
                             state.best_epoch, state.best_validation = epoch, validation_metrics.results()
-                        for name, (structures, info, interval) in self.monitored.items():
+                        for name, (structures, info, interval, evaluated) in self.monitored.items():
                             if epoch % interval == 0:
-                                watched = self.evaluate(model, structures, None, info)
+                                watched = self.evaluate(evaluated(model), structures, None, info)
                                 if main:
                                     LOGGER.info(
                                         "epoch %d, %s: %s",
