@@ -40,7 +40,7 @@ def _entry_lines(entry: OptionEntry, width: int) -> list[str]:
         default = entry.default_yaml()
     lines = [f"{entry.key}: {default}"]
     text = f"{entry.type}. {entry.doc}" if entry.doc else entry.type
-    lines += textwrap.wrap(text, width, initial_indent="    ", subsequent_indent="    ")
+    lines += textwrap.wrap(text, width, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
     return lines
 
 
