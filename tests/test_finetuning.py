@@ -271,7 +271,7 @@ def test_a_qm9_model_learns_an_element_it_lacked(shared_data, tmp_path):
     frames = ase.io.read(shared_data / "qm9_reduced_100.xyz", ":")
     ase.io.write(tmp_path / "without_n.xyz", [f for f in frames if "N" not in f.get_chemical_symbols()])
     ase.io.write(tmp_path / "with_n.xyz", [f for f in frames if "N" in f.get_chemical_symbols()])
-    target = "    energy: {key: U0, unit: eV}\n"
+    target = "    energy: {key: U0, unit: Hartree}\n"
     write_options(tmp_path, options(SMALL_SOAP, "{num_epochs: 2, batch_size: 8}", tmp_path / "without_n.xyz", target))
     train(tmp_path, "options.yaml")
     checkpoint = the_run(tmp_path) / "model.ckpt"
