@@ -230,6 +230,27 @@ def test_torchrun_matches_one_process_with_per_atom_targets(tmp_path):
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
 
 
+def test_torchrun_matches_one_process_with_datasets_of_different_targets(tmp_path):
+    """With variants a term's share of a batch counts only the structures that have it."""
+    from test_targets import write_variants
+
+    text = write_variants(tmp_path)
+    result = torchrun_train(write_options(tmp_path, text), tmp_path)
+    assert result.returncode == 0, result.stderr
+    single = tmp_path / "single"
+    single.mkdir()
+    write_variants(single)
+    reference = subprocess.run(
+        [sys.executable, "-m", "mtt", "train", str(write_options(single, text)), "architecture.training.batch_size=16"],
+        cwd=single,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert reference.returncode == 0, reference.stderr
+    assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """A running single-node SLURM cluster from ../shared/slurm."""

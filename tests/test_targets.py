@@ -152,19 +152,57 @@ def test_converting_a_per_atom_target_is_refused(molecules, tmp_path):
     assert not list(tmp_path.glob("charges*"))
 
 
-def test_datasets_with_different_targets_in_one_set_are_not_supported_yet(tmp_path):
+def write_variants(folder: Path) -> str:
+    """Half of the EMT structures with their energies and forces, half with another "level of
+    theory" (the energy scaled and shifted, no forces): the options of a run on both."""
+    frames = ase.io.read(EMT_DATA, ":")
+    ase.io.write(folder / "a.xyz", frames[::2])
+    other = frames[1::2]
+    for atoms in other:
+        atoms.info["energy_b"] = 1.1 * atoms.get_potential_energy() + 0.2 * len(atoms)
+        atoms.calc = None
+    ase.io.write(folder / "b.xyz", other)
+    return (
+        f"seed: 2\narchitecture:\n  {SMALL_SOAP.replace(chr(10), chr(10) + '  ')}\n"
+        "  training: {num_epochs: 2, batch_size: 8}\n"
+        "training_set:\n"
+        "  - {systems: a.xyz, targets: {energy: {key: energy, stress: off}}}\n"
+        "  - {systems: b.xyz, targets: {energy/b: {key: energy_b}}}\n"
+    )
+
+
+def test_datasets_with_different_targets_train_one_model_with_both(tmp_path):
+    """metatrain's variants: each structure contributes the losses of the targets it has."""
+    write_options(tmp_path, write_variants(tmp_path))
+    result = run_mtt("train", "options.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "learning energy [eV] + forces, energy/b [eV]" in result.stdout
+    assert "energy/b per atom RMSE" in result.stdout
+    check = (
+        "import metatomic.torch as mta\n"
+        f"model = mta.load_atomistic_model('{tmp_path / 'model.pt'}')\n"
+        "print(sorted(model.capabilities().outputs))\n"
+    )
+    outputs = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
+    assert "'energy'" in outputs and "'energy/b'" in outputs
+    # each test structure is evaluated on the targets its file has
+    evaluated = run_mtt("eval", "model.pt", "b.xyz", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+
+
+def test_a_target_read_with_two_units_in_one_set_is_refused(tmp_path):
     frames = ase.io.read(EMT_DATA, ":")
     ase.io.write(tmp_path / "a.xyz", frames[:50])
     ase.io.write(tmp_path / "b.xyz", frames[50:])
     text = (
         f"architecture:\n  {SMALL_SOAP.replace(chr(10), chr(10) + '  ')}\n"
         "training_set:\n"
-        "  - {systems: a.xyz, targets: {energy: {key: energy}}}\n"
-        "  - {systems: b.xyz, targets: {energy/emt: {key: energy}}}\n"
+        "  - {systems: a.xyz, targets: {q: {key: energy, unit: eV}}}\n"
+        "  - {systems: b.xyz, targets: {q: {key: forces, sample_kind: atom, num_subtargets: 3}}}\n"
     )
     write_options(tmp_path, text)
     assert_user_error(
-        run_mtt("train", "options.yaml", cwd=tmp_path), "'training_set[1]'", "variants", "not supported yet"
+        run_mtt("train", "options.yaml", cwd=tmp_path), "'training_set[1]' reads target 'q'", "x 3 per atom"
     )
 
 

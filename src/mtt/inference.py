@@ -35,10 +35,10 @@ class EvaluatedModel:
         self.output_names: list[str] = []
         self.targets: dict[str, TargetInfo] = {}
         for name, output in capabilities.outputs.items():
-            if name != "energy" and not name.startswith("mtt::"):
+            if name != "energy" and not name.startswith(("mtt::", "energy/")):
                 continue
             target = name.split("::", 1)[-1]
-            energy = name == "energy" or output.unit in ENERGY_UNITS
+            energy = name == "energy" or name.startswith("energy/") or output.unit in ENERGY_UNITS
             self.output_names.append(name)
             # whether a target is a vector, and its number of properties, come with its values
             self.targets[target] = TargetInfo(

@@ -21,8 +21,9 @@ from ..data.flat_batch import FlatBatch, batch_of_systems
 
 
 def output_name(target: str) -> str:
-    """Name of a target among metatomic outputs: 'energy' is standard, others are ours."""
-    return "energy" if target == "energy" else f"mtt::{target}"
+    """Name of a target among metatomic outputs: 'energy' and its variants ('energy/xtb':
+    another level of theory) are standard, others are ours."""
+    return target if target == "energy" or target.startswith("energy/") else f"mtt::{target}"
 
 
 class CompositionBaseline(torch.nn.Module):

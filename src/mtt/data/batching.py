@@ -119,6 +119,10 @@ class Batch:
     values: dict[str, torch.Tensor]  # name -> (n_systems, width), or (n_atoms_total, width) per atom
     forces: dict[str, torch.Tensor]  # name -> (n_atoms_total, 3)
     stress: dict[str, torch.Tensor]  # name -> (n_systems, 3, 3)
+    #: (name, "values" | "forces" | "stress") -> (n_systems,) bool, the structures that have
+    #: that reference, for those that some structure of the batch lacks (the others' rows
+    #: hold zeros); absent when every structure has it
+    present: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.n_atoms)
@@ -276,6 +280,21 @@ def make_batch(
         leaves, strains = (list(part) for part in zip(*(_leaves(s, forces, stress) for s in prepared)))
         systems = [_system(s, forces, stress) for s in prepared]
 
+    present: dict[tuple[str, str], torch.Tensor] = {}
+    references = {}
+    for kind in ("values", "forces", "stress"):
+        references[kind] = {}
+        for name in sorted({n for s in prepared for n in getattr(s, kind)}):
+            parts = [getattr(s, kind).get(name) for s in prepared]
+            has = [part is not None for part in parts]
+            if not all(has):  # a structure of another dataset (variants): zeros, left out of the errors
+                present[(name, kind)] = torch.tensor(has, device=device)
+                example = next(part for part in parts if part is not None)
+                parts = [part if part is not None else _missing(example, s, kind) for part, s in zip(parts, prepared)]
+            if kind == "stress":
+                references[kind][name] = torch.stack(parts)
+            else:  # (structures, width) per structure, (atoms, width) for per-atom values and forces
+                references[kind][name] = torch.cat([_rows(part) for part in parts])
     return Batch(
         systems=systems,
         flat=flat_batch,
@@ -283,11 +302,18 @@ def make_batch(
         strains=strains if stress else None,
         volumes=torch.stack([s.volume for s in prepared]),
         n_atoms=torch.tensor([len(s.types) for s in prepared], device=device),
-        # (structures, width) per structure, (atoms, width) for per-atom targets
-        values={n: torch.cat([_rows(s.values[n]) for s in prepared]) for n in prepared[0].values},
-        forces={n: torch.cat([s.forces[n] for s in prepared]) for n in prepared[0].forces},
-        stress={n: torch.stack([s.stress[n] for s in prepared]) for n in prepared[0].stress},
+        values=references["values"],
+        forces=references["forces"],
+        stress=references["stress"],
+        present=present,
     )
+
+
+def _missing(example: torch.Tensor, structure: _Prepared, kind: str) -> torch.Tensor:
+    """Zeros in place of the reference a structure lacks, shaped as it would be."""
+    per_atom = kind == "forces" or example.dim() == 2
+    shape = (len(structure.types), example.shape[-1]) if per_atom else example.shape
+    return torch.zeros(shape, dtype=example.dtype, device=example.device)
 
 
 def _rows(values: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,24 +100,30 @@ def _read_blocks(value: Any, where: str, base_dir: Path) -> tuple[StructureSet, 
                 "list of blocks.",
             )
         return open_converted(blocks[0], base_dir, where)
-    structures, origins, targets = [], [], None
+    structures, origins, targets = [], [], {}
     for i, block in enumerate(blocks):
         block_where = where if not isinstance(value, list) else f"{where}[{i}]"
         read, block_targets, path = read_dataset(block, base_dir, block_where)
-        if targets is None:
-            targets = block_targets
-        elif [t.to_dict() for t in block_targets] != [t.to_dict() for t in targets]:
-            raise DataError(
-                f"'{block_where}' does not define the same targets (and forces/stress) as "
-                f"the first dataset of '{where}': {', '.join(_learned(block_targets).values()) or 'none'} "
-                f"instead of {', '.join(_learned(targets).values()) or 'none'}. Datasets with different "
-                "targets in one set (metatrain's variants) are not supported yet.",
-                hint="Read the same targets from every dataset of the set, or train on them in separate runs "
-                "(fine-tuning a run's model on the other data keeps both targets: see Fine-tuning).",
-            )
+        for target in block_targets:  # several datasets may give different targets (variants)
+            known = targets.get(target.name)
+            if known is None:
+                targets[target.name] = copy.copy(target)
+                continue
+            if _layout(known) != _layout(target):
+                raise DataError(
+                    f"'{block_where}' reads target '{target.name}' as {target.describe()}, but an earlier dataset "
+                    f"of '{where}' as {known.describe()}.",
+                    hint="A target has one unit and shape in a run: give the other quantity another name.",
+                )
+            known.forces, known.stress = known.forces or target.forces, known.stress or target.stress
         structures.extend(read)
         origins.extend((str(path), j) for j in range(len(read)))
-    return InMemorySet(structures, origins), targets or []
+    return InMemorySet(structures, origins), list(targets.values())
+
+
+def _layout(target: TargetInfo) -> tuple:
+    """What a target is, but for the derivatives learned with it."""
+    return (target.quantity, target.unit, target.per_atom, target.vector, target.properties)
 
 
 def _split_off(
@@ -148,14 +155,22 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
             sets[name] = train.subset(chosen)
         else:
             read, set_targets = _read_blocks(value, name, base_dir)
-            # every set is evaluated on every term of the training loss
-            if _learned(set_targets) != _learned(targets):
-                raise DataError(
-                    f"'{name}' gives {', '.join(_learned(set_targets).values()) or 'no target'}, but "
-                    f"'training_set' gives {', '.join(_learned(targets).values()) or 'no target'}.",
-                    hint=f"Read the same targets, with the same forces and stress, in '{name}' "
-                    "(set forces/stress to off in the training set to learn without them).",
-                )
+            # every set is evaluated on the terms of the training loss it has
+            learned = {t.name: t for t in targets}
+            for target in set_targets:
+                known = learned.get(target.name)
+                if (
+                    known is None
+                    or _layout(known) != _layout(target)
+                    or (target.forces and not known.forces)
+                    or (target.stress and not known.stress)
+                ):
+                    raise DataError(
+                        f"'{name}' gives {target.describe()}, but 'training_set' gives "
+                        f"{', '.join(_learned(targets).values()) or 'no target'}.",
+                        hint=f"Read in '{name}' targets the training set has, with forces and stress only "
+                        "where it has them (set forces/stress to off in the training set to learn without them).",
+                    )
             sets[name] = read
     if not len(pool):
         raise DataError(

@@ -49,7 +49,9 @@ class TargetOptions:
         "energies; other targets are then kept as they are.",
     )
     quantity: str = option(
-        "", "'energy' for an energy with forces and stress; default: 'energy' for a target named energy."
+        "",
+        "'energy' for an energy with forces and stress; default: 'energy' for a target named energy or "
+        "energy/<variant> (another level of theory, in metatrain's and metatomic's terms).",
     )
     read_from: Optional[str] = option(None, "Accepted for metatrain's files; must be the systems file (the default).")
     sample_kind: Literal["system", "atom", "atom_pair"] = option(
@@ -115,8 +117,9 @@ class TargetOptions:
         return isinstance(self.type, dict)
 
     def quantity_of(self, name: str) -> str:
-        """'energy' for an energy (the target named energy, unless it says otherwise), else ''."""
-        return self.quantity or ("energy" if name == "energy" else "")
+        """'energy' for an energy (the target named energy or energy/<variant>, unless it says
+        otherwise), else ''."""
+        return self.quantity or ("energy" if name == "energy" or name.startswith("energy/") else "")
 
 
 @dataclass

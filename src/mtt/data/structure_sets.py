@@ -33,6 +33,8 @@ class StatisticsChunk:
     #: and of their squares
     atom_sums: dict[str, np.ndarray] = field(default_factory=dict)
     atom_squares: dict[str, np.ndarray] = field(default_factory=dict)
+    #: target -> (k,) bool, the structures that have its values, for targets some lack
+    present: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class StructureSet(ABC):
@@ -83,6 +85,12 @@ class StructureSet(ABC):
     def subset(self, indices: np.ndarray) -> "StructureSet":
         """The structures at ``indices`` of this set, as a set."""
 
+    def presence(self, name: str, kind: str) -> np.ndarray | None:
+        """(len,) bool: the structures that have a reference for target ``name``'s ``kind``
+        ("values", "forces" or "stress"); None when every structure has one. Datasets with
+        different targets in one set (variants) leave some structures without."""
+        return None
+
     def __bool__(self) -> bool:
         return len(self) > 0
 
@@ -94,6 +102,13 @@ class InMemorySet(StructureSet):
         self.structures = structures
         self._origins = origins
         self._n_atoms = np.array([len(s) for s in structures], dtype=np.int64)
+        self._presence: dict[tuple[str, str], np.ndarray | None] = {}
+
+    def presence(self, name: str, kind: str) -> np.ndarray | None:
+        if (name, kind) not in self._presence:
+            has = np.array([name in getattr(s, kind) for s in self.structures], dtype=bool)
+            self._presence[(name, kind)] = None if has.all() else has
+        return self._presence[(name, kind)]
 
     def __len__(self) -> int:
         return len(self.structures)
@@ -118,28 +133,36 @@ class InMemorySet(StructureSet):
         for row, structure in enumerate(chosen):
             elements, numbers = np.unique(structure.types.numpy(), return_counts=True)
             counts[row, [column[int(z)] for z in elements]] = numbers
-        names = chosen[0].values.keys() if chosen else []
-        values, atom_sums, atom_squares = {}, {}, {}
+        names = sorted({name for s in chosen for name in s.values})
+        values, atom_sums, atom_squares, present = {}, {}, {}, {}
         for name in names:
-            if chosen[0].values[name].dim() == 1:  # per structure
-                values[name] = np.stack([s.values[name].numpy() for s in chosen])
+            has = np.array([name in s.values for s in chosen], dtype=bool)
+            if not has.all():
+                present[name] = has
+            example = next(s.values[name] for s in chosen if name in s.values)
+            if example.dim() == 1:  # per structure; zeros where a structure has none
+                values[name] = np.stack(
+                    [s.values[name].numpy() if name in s.values else np.zeros(len(example)) for s in chosen]
+                )
                 continue
-            width = chosen[0].values[name].shape[1]
+            width = example.shape[1]
             atom_sums[name], atom_squares[name] = np.zeros((len(types), width)), np.zeros((len(types), width))
             for structure in chosen:
+                if name not in structure.values:
+                    continue
                 rows = [column[int(z)] for z in structure.types]
                 array = structure.values[name].numpy()
                 np.add.at(atom_sums[name], rows, array)
                 np.add.at(atom_squares[name], rows, array * array)
         squares = {}
         for kind in ("forces", "stress"):
-            for name in getattr(chosen[0], kind) if chosen else []:
-                parts = [getattr(s, kind)[name] for s in chosen]
+            for name in sorted({name for s in chosen for name in getattr(s, kind)}):
+                parts = [getattr(s, kind)[name] for s in chosen if name in getattr(s, kind)]
                 squares[(name, kind)] = (
                     float(sum(float(p.double().pow(2).sum()) for p in parts)),
                     sum(p.numel() for p in parts),
                 )
-        return StatisticsChunk(counts, values, squares, atom_sums, atom_squares)
+        return StatisticsChunk(counts, values, squares, atom_sums, atom_squares, present)
 
     def type_counts(self) -> dict[int, int]:
         counts: dict[int, int] = {}

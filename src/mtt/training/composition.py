@@ -64,14 +64,17 @@ def fit_baseline(
     squared = [(t.target, t.kind) for t in terms if t.kind != "values"]
     n = len(types)
     # the layout of the sums of the first pass: name -> (offset, size)
-    layout: dict[str, tuple[int, int]] = {"gram": (0, n * n), "atoms": (n * n, n)}
-    size = n * n + n
+    # per target: structures with it count, as some lack it when datasets with different
+    # targets make the set (variants)
+    layout: dict[str, tuple[int, int]] = {}
+    size = 0
     for target in targets:
         width = target.width
-        parts = ["sums", "squares"] if target.per_atom else ["rhs"]
-        for part in parts:
-            layout[f"{part}.{target.name}"] = (size, n * width)
-            size += n * width
+        parts = [("gram", n * n), ("atoms", n), ("count", 1)]
+        parts += [("sums", n * width), ("squares", n * width)] if target.per_atom else [("rhs", n * width)]
+        for part, length in parts:
+            layout[f"{part}.{target.name}"] = (size, length)
+            size += length
     layout["squared"] = (size, 2 * len(squared))
     size += 2 * len(squared)
 
@@ -84,14 +87,21 @@ def fit_baseline(
             offset, length = layout[name]
             total[offset : offset + length] = value.reshape(-1)
 
-        put("gram", counts.T @ counts)
-        put("atoms", counts.sum(axis=0))
         for target in targets:
+            name = target.name
+            if name not in chunk.values and name not in chunk.atom_sums:  # no structure of the chunk has it
+                put(f"atoms.{name}", np.zeros(n))
+                continue
+            has = chunk.present.get(name, np.ones(len(counts), dtype=bool))
+            mine = counts[has]
+            put(f"gram.{name}", mine.T @ mine)
+            put(f"atoms.{name}", mine.sum(axis=0))
+            put(f"count.{name}", np.array([float(has.sum())]))
             if target.per_atom:
-                put(f"sums.{target.name}", chunk.atom_sums[target.name])
-                put(f"squares.{target.name}", chunk.atom_squares[target.name])
+                put(f"sums.{name}", chunk.atom_sums[name])
+                put(f"squares.{name}", chunk.atom_squares[name])
             else:
-                put(f"rhs.{target.name}", counts.T @ _columns(chunk.values[target.name]))
+                put(f"rhs.{name}", mine.T @ _columns(chunk.values[name])[has])
         put("squared", np.array([v for key in squared for v in chunk.squares.get(key, (0.0, 0))], dtype=np.float64))
         return torch.from_numpy(total)
 
@@ -101,11 +111,11 @@ def fit_baseline(
         offset, length = layout[name]
         return sums[offset : offset + length].reshape(-1, width) if width > 1 else sums[offset : offset + length]
 
-    gram = part("gram").reshape(n, n)
-    atoms_of_type = part("atoms")
     weights_of = {}
     for target in targets:
         name, width = target.name, target.width
+        gram = part(f"gram.{name}").reshape(n, n)
+        atoms_of_type = part(f"atoms.{name}")
         given = fixed.get(name, {})
         unknown = set(given) - set(types)
         if unknown:
@@ -145,13 +155,18 @@ def fit_baseline(
         atoms = chunk.counts.sum(axis=1)[:, None]
         parts = []
         for target in per_structure:
+            if target.name not in chunk.values:  # no structure of the chunk has it
+                parts += [0.0, 0.0]
+                continue
             residual = (_columns(chunk.values[target.name]) - chunk.counts @ weights_of[target.name]) / atoms
+            residual = residual[chunk.present.get(target.name, np.ones(len(atoms), dtype=bool))]
             parts += [residual.sum(), np.square(residual).sum()]
         return torch.tensor(parts, dtype=torch.float64)
 
     residuals = _summed(structures, environment, second_pass, 2 * len(per_structure)).numpy()
     spreads = {}
     for target in targets:
+        atoms_of_type = part(f"atoms.{target.name}")
         if target.per_atom:  # from each element's sums: sum over atoms of (value - the element's)^2
             weights = weights_of[target.name]
             element_sums = part(f"sums.{target.name}").reshape(n, -1)
@@ -162,7 +177,7 @@ def fit_baseline(
         else:
             index = per_structure.index(target)
             total, squares = residuals[2 * index], residuals[2 * index + 1]
-            count = len(structures) * target.width
+            count = float(part(f"count.{target.name}")[0]) * target.width
         if target.vector:  # about zero, not about the mean: no direction is preferred
             variance = squares / count if count else 0.0
         else:

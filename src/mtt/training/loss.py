@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..data.batching import Batch
@@ -48,12 +49,19 @@ def terms_of(info: DatasetInfo) -> list[Term]:
 
 
 def errors(term: Term, predictions: Predictions, batch: Batch) -> torch.Tensor:
-    """Prediction minus reference, flattened; per atom for energies."""
+    """Prediction minus reference, flattened; per atom for energies; only of the structures
+    that have the reference (with variants, some structures lack a target)."""
     predicted = getattr(predictions, term.kind)[term.target]
-    reference = getattr(batch, term.kind)[term.target]
+    reference = getattr(batch, term.kind).get(term.target)
+    if reference is None:  # no structure of the batch has it (variants)
+        return predicted.new_zeros(0)
     difference = (predicted - reference).reshape(len(predicted), -1)
     if term.per_atom:
         difference = difference / batch.n_atoms[:, None].to(difference.dtype)
+    present = batch.present.get((term.target, term.kind))
+    if present is not None:
+        rows = present.repeat_interleave(batch.n_atoms) if term.kind == "forces" or term.on_atoms else present
+        difference = difference[rows]
     return difference.reshape(-1)
 
 
@@ -95,6 +103,9 @@ class Loss:
         values = {}
         for term in self.terms:
             error = errors(term, predictions, batch) / self.spreads[term.label]
+            if error.numel() == 0:  # no structure of the batch has it (variants): nothing to learn
+                values[term.label] = error.sum()
+                continue
             values[term.label] = self.weights[term.label] * self.functions[term.label](error, torch.zeros_like(error))
         return values
 
@@ -110,24 +121,38 @@ class Loss:
 
 
 def term_shares(
-    terms: list[Term], mine_atoms: Sequence[int], everyone_atoms: Sequence[int], world_size: int
+    terms: list[Term],
+    mine: Sequence[int],
+    everyone: Sequence[int],
+    n_atoms: np.ndarray,
+    presence: Callable[[Term], np.ndarray | None],
+    world_size: int,
 ) -> dict[str, float]:
     """Factors that make the average over ranks of their losses the loss of the whole batch.
 
-    Each term is a mean over its own elements (structures, force components...), so a rank
-    weighs its mean by its share of those elements in the global batch, times the number of
-    ranks that the gradient average divides by. The atom counts of the structures of this
-    rank and of the whole batch give those shares without reading the other ranks' structures.
+    Each term is a mean over its own elements (structures, atoms, force components...), so a
+    rank weighs its mean by its share of those elements in the global batch, times the number
+    of ranks that the gradient average divides by. ``mine`` and ``everyone`` are the
+    structures of this rank and of the global batch; their atom counts (``n_atoms``) and which
+    of them have each term's reference (``presence``, None when all do) give those shares
+    without reading the other ranks' structures.
     """
 
-    def elements(term: Term, atoms: Sequence[int]) -> int:
+    def elements(term: Term, indices: Sequence[int]) -> int:
+        has = presence(term)
+        chosen = [i for i in indices if has is None or has[i]]
+        atoms = int(n_atoms[chosen].sum()) if chosen else 0
         if term.kind == "forces":
-            return 3 * int(sum(atoms))
+            return 3 * atoms
         if term.kind == "stress":
-            return 9 * len(atoms)
-        return term.width * (int(sum(atoms)) if term.on_atoms else len(atoms))
+            return 9 * len(chosen)
+        return term.width * (atoms if term.on_atoms else len(chosen))
 
-    return {t.label: world_size * elements(t, mine_atoms) / elements(t, everyone_atoms) for t in terms}
+    shares = {}
+    for term in terms:
+        total = elements(term, everyone)
+        shares[term.label] = world_size * elements(term, mine) / total if total else 0.0
+    return shares
 
 
 class Metrics:
@@ -184,7 +209,7 @@ class Metrics:
             key = f"{term.label}_per_atom" if term.per_atom else term.label
             out[f"{key}_rmse"] = math.sqrt(squared / count) if count else math.nan
             out[f"{key}_mae"] = absolute / count if count else math.nan
-            loss += loss_sum / count if count else math.nan
+            loss += loss_sum / count if count else 0.0  # a set without the target (variants)
         if self.loss_updates:
             out["loss"] = loss
         return out
@@ -203,4 +228,4 @@ class Metrics:
         if metric == "loss":
             return results["loss"]
         suffix = "_rmse" if metric == "rmse_prod" else "_mae"
-        return math.prod(v for k, v in results.items() if k.endswith(suffix))
+        return math.prod(v for k, v in results.items() if k.endswith(suffix) and not math.isnan(v))

@@ -248,6 +248,7 @@ class Trainer:
         mine: list[int],
         indices: list[int],
         n_atoms: np.ndarray,
+        presence: Callable,
         epoch: int,
         metrics: Metrics,
     ) -> None:
@@ -267,7 +268,7 @@ class Trainer:
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
             # each term's mean, rescaled by this rank's share of its elements (see term_shares)
-            shares = term_shares(self.terms, n_atoms[mine], n_atoms[indices], environment.world_size)
+            shares = term_shares(self.terms, mine, indices, n_atoms, presence, environment.world_size)
             # gradients of the weights only: the positions and strains are leaves too, and
             # their second derivatives would cost a quarter of the step for nothing
             sum(terms[label] * share for label, share in shares.items()).backward(inputs=parameters)
@@ -390,6 +391,7 @@ class Trainer:
                             shares[number - first],
                             batches[number],
                             n_atoms,
+                            lambda term: train.presence(term.target, term.kind),
                             epoch,
                             train_metrics,
                         )
