@@ -43,6 +43,17 @@ def run_mtt(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None
     )
 
 
+def exported_outputs(model: Path) -> list[str]:
+    """The outputs an exported model declares, read in a process that never imports mtt."""
+    script = (
+        "import sys, metatomic.torch as mta\n"
+        "print(*sorted(mta.load_atomistic_model(sys.argv[1]).capabilities().outputs))\n"
+        "assert 'mtt' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(model)], capture_output=True, text=True, check=True)
+    return result.stdout.split()
+
+
 def torchrun_train(options: Path, cwd: Path, ranks: int = 2) -> subprocess.CompletedProcess:
     """`mtt train options distributed=true` on ``ranks`` processes started by torchrun."""
     return subprocess.run(

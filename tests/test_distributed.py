@@ -203,6 +203,26 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(tmp_path / "single"))
 
 
+def one_process(tmp_path: Path, text: str, prepare=None) -> Path:
+    """The folder of a one-process run of the options ``text`` with batches of 16 (two
+    ranks' of 8), its data made by ``prepare(folder)`` when given."""
+    single = tmp_path / "single"
+    single.mkdir()
+    if prepare is not None:
+        prepare(single)
+    command = [
+        sys.executable,
+        "-m",
+        "mtt",
+        "train",
+        str(write_options(single, text)),
+        "architecture.training.batch_size=16",
+    ]
+    reference = subprocess.run(command, cwd=single, capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr
+    return single
+
+
 def test_torchrun_matches_one_process_with_per_atom_targets(tmp_path):
     """A per-atom target's loss is a mean over the atoms of the whole batch: each rank weighs
     its part by its atoms, as for forces."""
@@ -216,16 +236,7 @@ def test_torchrun_matches_one_process_with_per_atom_targets(tmp_path):
     options = write_options(tmp_path, text)
     result = torchrun_train(options, tmp_path)
     assert result.returncode == 0, result.stderr
-    single = tmp_path / "single"
-    single.mkdir()
-    reference = subprocess.run(
-        [sys.executable, "-m", "mtt", "train", str(write_options(single, text)), "architecture.training.batch_size=16"],
-        cwd=single,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert reference.returncode == 0, reference.stderr
+    single = one_process(tmp_path, text)
     assert any("direct" in key for key in epoch_metrics(tmp_path)[0])
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
 
@@ -237,17 +248,7 @@ def test_torchrun_matches_one_process_with_datasets_of_different_targets(tmp_pat
     text = write_variants(tmp_path)
     result = torchrun_train(write_options(tmp_path, text), tmp_path)
     assert result.returncode == 0, result.stderr
-    single = tmp_path / "single"
-    single.mkdir()
-    write_variants(single)
-    reference = subprocess.run(
-        [sys.executable, "-m", "mtt", "train", str(write_options(single, text)), "architecture.training.batch_size=16"],
-        cwd=single,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert reference.returncode == 0, reference.stderr
+    single = one_process(tmp_path, text, write_variants)
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
 
 
