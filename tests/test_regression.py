@@ -43,7 +43,7 @@ def _predictions(name: str, hypers: dict) -> tuple[list[float], list[float]]:
     model.adapt_to_data([make_batch(structures, torch.float64, torch.device("cpu"), False, False).flat])
     batch = make_batch(structures, torch.float64, torch.device("cpu"), True, False)
     predictions = predict(model, batch, info, create_graph=False)
-    return predictions.values["energy"].tolist(), predictions.forces["energy"][:3].reshape(-1).tolist()
+    return predictions.values["energy"].reshape(-1).tolist(), predictions.forces["energy"][:3].reshape(-1).tolist()
 
 
 def _check(energies: list[float], forces: list[float], expected_energies: list[float], expected_forces: list[float]):
