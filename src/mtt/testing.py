@@ -139,27 +139,22 @@ class ArchitectureTests:
         assert abs(finite - float(predicted.stress["energy"][0, 0, 1])) < 1e-6
 
     def test_precomputed_inputs_change_nothing(self, model, info):
-        """What the trainer keeps from ``Model.precompute`` gives the same values and derivatives."""
+        """What the trainer keeps from ``Model.precompute`` gives the same values and derivatives,
+        also when the budget keeps only some structures of a batch."""
         from .training.cache import PrecomputedInputs
 
         structures = emt_structures(3)
         compute_neighbor_lists(structures, model.requested_neighbor_lists())
+
+        def flat(structure):
+            return flat_batch_of(structure, torch.float64, torch.device("cpu"))
+
         for derivatives in (False, True):
             target = TargetInfo("energy", "energy", "eV", forces=derivatives, stress=derivatives)
             targets = DatasetInfo(info.atomic_types, {"energy": target})
-            kept = PrecomputedInputs(
-                model, derivatives, 100, lambda structure: flat_batch_of(structure, torch.float64, torch.device("cpu"))
-            )
-            results = []
-            for use in (False, True, True):  # computed, then kept, then reused
-                batch = make_batch(
-                    structures,
-                    torch.float64,
-                    torch.device("cpu"),
-                    derivatives,
-                    derivatives,
-                    keep=kept.keep if use else None,
-                )
+
+            def run(keep, derivatives=derivatives, targets=targets):
+                batch = make_batch(structures, torch.float64, torch.device("cpu"), derivatives, derivatives, keep=keep)
                 predictions = predict(model, batch, targets, create_graph=derivatives)
                 loss = predictions.values["energy"].square().sum()
                 if derivatives:
@@ -168,7 +163,16 @@ class ArchitectureTests:
                     )
                 weights = [p for p in model.parameters() if p.requires_grad]
                 gradients = torch.autograd.grad(loss, weights, allow_unused=True) if weights else []
-                results.append((predictions, [g for g in gradients if g is not None]))
+                return predictions, [g for g in gradients if g is not None]
+
+            kept = PrecomputedInputs(model, derivatives, 100, flat)
+            results = [run(None), run(kept.keep), run(kept.keep)]  # computed, then kept, then reused
+            # a budget for one structure: the others' data are computed at every step
+            one = model.precompute(flat(structures[0]), derivatives)
+            size = sum(values.numel() * values.element_size() for values in one.values()) if one else 0
+            partial = PrecomputedInputs(model, derivatives, 1.5 * size / 1024**2, flat)
+            results += [run(partial.keep), run(partial.keep)]
+            assert len(partial.kept) == (1 if one else 0)
             for predictions, gradients in results[1:]:
                 torch.testing.assert_close(predictions.values, results[0][0].values, rtol=1e-12, atol=1e-12)
                 torch.testing.assert_close(predictions.forces, results[0][0].forces, rtol=1e-12, atol=1e-12)

@@ -155,22 +155,14 @@ def load_splits(options: dict, base_dir: Path, seed: int) -> Splits:
             sets[name] = train.subset(chosen)
         else:
             read, set_targets = _read_blocks(value, name, base_dir)
-            # every set is evaluated on the terms of the training loss it has
-            learned = {t.name: t for t in targets}
-            for target in set_targets:
-                known = learned.get(target.name)
-                if (
-                    known is None
-                    or _layout(known) != _layout(target)
-                    or (target.forces and not known.forces)
-                    or (target.stress and not known.stress)
-                ):
-                    raise DataError(
-                        f"'{name}' gives {target.describe()}, but 'training_set' gives "
-                        f"{', '.join(_learned(targets).values()) or 'no target'}.",
-                        hint=f"Read in '{name}' targets the training set has, with forces and stress only "
-                        "where it has them (set forces/stress to off in the training set to learn without them).",
-                    )
+            # every set is evaluated on every term of the training loss
+            if _learned(set_targets) != _learned(targets):
+                raise DataError(
+                    f"'{name}' gives {', '.join(_learned(set_targets).values()) or 'no target'}, but "
+                    f"'training_set' gives {', '.join(_learned(targets).values()) or 'no target'}.",
+                    hint=f"Read the same targets, with the same forces and stress, in '{name}' "
+                    "(set forces/stress to off in the training set to learn without them).",
+                )
             sets[name] = read
     if not len(pool):
         raise DataError(
