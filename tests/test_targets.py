@@ -179,9 +179,13 @@ def test_datasets_with_different_targets_train_one_model_with_both(tmp_path):
     assert "learning energy [eV] + forces, energy/b [eV]" in result.stdout
     assert "energy/b per atom RMSE" in result.stdout
     assert {"energy", "energy/b"} <= set(exported_outputs(tmp_path / "model.pt"))
-    # each test structure is evaluated on the targets its file has
-    evaluated = run_mtt("eval", "model.pt", "b.xyz", cwd=tmp_path)
+    # the run's test set holds structures of both files: each is evaluated on the targets its file has
+    (run,) = tmp_path.glob("outputs/*/*")
+    evaluated = run_mtt("eval", str(run), "--plots", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
+    assert "energy per atom " in evaluated.stdout and "energy/b per atom " in evaluated.stdout
+    assert "nan" not in evaluated.stdout
+    assert (tmp_path / "predictions_parity_energy.png").is_file()
 
 
 def test_a_target_read_with_two_units_in_one_set_is_refused(tmp_path):

@@ -19,7 +19,7 @@ from ..data.structure_sets import StructureSet
 from ..errors import DataError, EnvironmentProblem
 from ..inference import EvaluatedModel, load_trained_model
 from ..outputs import LOGGER, display, setup_logging
-from ..training.loss import Metrics, Term, term_label, terms_of
+from ..training.loss import Metrics, Term, term_label, terms_of, with_reference
 from ..training.predictions import Predictions, predict
 from .eval_sets import sets_to_evaluate
 
@@ -143,6 +143,8 @@ def _evaluate_dataset(
         )
         metrics.update(predictions, batch)
         for term in terms:
+            if term.target not in getattr(batch, term.kind):  # no structure of the batch has it
+                continue
             pairs[term.label][0].append(_flat(term, getattr(batch, term.kind)[term.target], batch))
             pairs[term.label][1].append(_flat(term, getattr(predictions, term.kind)[term.target], batch))
         ase.io.write(target_file, _frames_of(chosen, predictions, info, reference), format="extxyz", append=True)
@@ -174,17 +176,19 @@ def _evaluate_dataset(
         results = metrics.results()
         for term in terms:
             key = f"{term.label}_per_atom" if term.per_atom else term.label
-            plot = target_file.with_name(f"{target_file.stem}_parity_{term.label}.png")
+            # a variant's "/" (energy/xtb) cannot be in a file name
+            plot = target_file.with_name(f"{target_file.stem}_parity_{term.label.replace('/', '_')}.png")
             reference_values, predicted_values = (torch.cat(p) for p in pairs[term.label])
             _parity_plot(reference_values, predicted_values, term, results[f"{key}_rmse"], plot)
             LOGGER.info("parity plot of %s written to %s", term.label, plot)
 
 
 def _flat(term: Term, values: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The numbers of a parity plot: per atom for energies, of the structures with a reference."""
     values = values.detach().double().reshape(len(values), -1)
     if term.per_atom:
         values = values / batch.n_atoms[:, None]
-    return values.reshape(-1)
+    return with_reference(term, values, batch).reshape(-1)
 
 
 def _frames_of(

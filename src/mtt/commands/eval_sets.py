@@ -13,7 +13,7 @@ import numpy as np
 from ..config import load_options
 from ..config.files import read_yaml
 from ..config.loader import DATASETS
-from ..data.dataset import load_splits, read_block
+from ..data.dataset import join_targets, load_splits, read_block
 from ..data.options import expand_short_forms, is_converted, parse_dataset_list
 from ..data.readers import TargetInfo, has_key, parsed_by_ase, resolve_path
 from ..data.structure_sets import InMemorySet, StructureSet
@@ -62,14 +62,14 @@ def _from_indices(run: Path) -> EvaluationSet:
         file, index = line.rsplit("\t", 1)
         wanted.setdefault(file, []).append(int(index))
     blocks = _blocks(read_yaml(run / "options.yaml"))
-    parts, targets = [], None
+    parts, targets = [], {}
     for file, indices in wanted.items():
         block = next((b for b in blocks if str(resolve_path(b.systems.read_from, run)) == file), None)
         if block is None:
             raise DataError(f"'{file}' of {run / 'indices' / 'test.txt'} is in no dataset of {run / 'options.yaml'}.")
         read, block_targets, _ = read_block(block, run, "test_set")
         parts.append(read.subset(np.array(indices, dtype=np.int64)))
-        targets = targets or block_targets
+        join_targets(targets, block_targets, "test_set", "test_set")
     structures = (
         parts[0]
         if len(parts) == 1
@@ -88,7 +88,7 @@ def _from_indices(run: Path) -> EvaluationSet:
         f"the test set of the run {run}: {len(structures)} structures of {files}, from its indices/test.txt",
         f"test set of {run.name}",
         structures,
-        targets or [],
+        list(targets.values()),
         str(run),
     )
 

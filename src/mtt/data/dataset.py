@@ -104,21 +104,28 @@ def _read_blocks(value: Any, where: str, base_dir: Path) -> tuple[StructureSet, 
     for i, block in enumerate(blocks):
         block_where = where if not isinstance(value, list) else f"{where}[{i}]"
         read, block_targets, path = read_dataset(block, base_dir, block_where)
-        for target in block_targets:  # several datasets may give different targets (variants)
-            known = targets.get(target.name)
-            if known is None:
-                targets[target.name] = copy.copy(target)
-                continue
-            if _layout(known) != _layout(target):
-                raise DataError(
-                    f"'{block_where}' reads target '{target.name}' as {target.describe()}, but an earlier dataset "
-                    f"of '{where}' as {known.describe()}.",
-                    hint="A target has one unit and shape in a run: give the other quantity another name.",
-                )
-            known.forces, known.stress = known.forces or target.forces, known.stress or target.stress
+        join_targets(targets, block_targets, block_where, where)
         structures.extend(read)
         origins.extend((str(path), j) for j in range(len(read)))
     return InMemorySet(structures, origins), list(targets.values())
+
+
+def join_targets(targets: dict[str, TargetInfo], more: list[TargetInfo], where: str, of: str) -> None:
+    """Add to ``targets`` those of another dataset of the set ``of`` (at ``where``): several
+    datasets may give different targets (variants); one target keeps its unit and shape,
+    and is learned with forces or stress when a dataset gives them."""
+    for target in more:
+        known = targets.get(target.name)
+        if known is None:
+            targets[target.name] = copy.copy(target)
+            continue
+        if _layout(known) != _layout(target):
+            raise DataError(
+                f"'{where}' reads target '{target.name}' as {target.describe()}, but an earlier dataset "
+                f"of '{of}' as {known.describe()}.",
+                hint="A target has one unit and shape in a run: give the other quantity another name.",
+            )
+        known.forces, known.stress = known.forces or target.forces, known.stress or target.stress
 
 
 def _layout(target: TargetInfo) -> tuple:

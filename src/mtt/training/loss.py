@@ -48,9 +48,20 @@ def terms_of(info: DatasetInfo) -> list[Term]:
     return terms
 
 
+def with_reference(term: Term, values: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The rows of ``values`` (one per structure, or per atom for forces and per-atom
+    targets) of the structures that have ``term``'s reference: with datasets of different
+    targets (variants), some structures of a batch lack it."""
+    present = batch.present.get((term.target, term.kind))
+    if present is None:
+        return values
+    rows = present.repeat_interleave(batch.n_atoms) if term.kind == "forces" or term.on_atoms else present
+    return values[rows]
+
+
 def errors(term: Term, predictions: Predictions, batch: Batch) -> torch.Tensor:
     """Prediction minus reference, flattened; per atom for energies; only of the structures
-    that have the reference (with variants, some structures lack a target)."""
+    that have the reference."""
     predicted = getattr(predictions, term.kind)[term.target]
     reference = getattr(batch, term.kind).get(term.target)
     if reference is None:  # no structure of the batch has it (variants)
@@ -58,11 +69,7 @@ def errors(term: Term, predictions: Predictions, batch: Batch) -> torch.Tensor:
     difference = (predicted - reference).reshape(len(predicted), -1)
     if term.per_atom:
         difference = difference / batch.n_atoms[:, None].to(difference.dtype)
-    present = batch.present.get((term.target, term.kind))
-    if present is not None:
-        rows = present.repeat_interleave(batch.n_atoms) if term.kind == "forces" or term.on_atoms else present
-        difference = difference[rows]
-    return difference.reshape(-1)
+    return with_reference(term, difference, batch).reshape(-1)
 
 
 class Loss:
