@@ -17,8 +17,6 @@ import math
 import torch
 from torch.nn.utils import parametrize
 
-METHODS = ("full", "heads", "lora")
-
 
 class LowRankUpdate(torch.nn.Module):
     """W + (alpha / rank) A B over the last two axes of W."""
@@ -67,15 +65,11 @@ def choose_trained(model: torch.nn.Module, method: str) -> tuple[int, int]:
     heads = _head_parameters(model) if method != "full" else set()
     total = trained = 0
     for name, parameter in model.named_parameters():
-        if method == "full":
-            chosen = True
-        elif method == "heads":
-            chosen = id(parameter) in heads
-        else:
-            chosen = id(parameter) in heads or (".parametrizations." in f".{name}" and not name.endswith(".original"))
+        adapter = ".parametrizations." in name and not name.endswith(".original")
+        chosen = method == "full" or id(parameter) in heads or (method == "lora" and adapter)
         parameter.requires_grad_(chosen)
         trained += parameter.numel() if chosen else 0
-        total += parameter.numel() if not name.endswith((".a", ".b")) or ".parametrizations." not in name else 0
+        total += 0 if adapter else parameter.numel()
     return trained, total
 
 

@@ -5,7 +5,7 @@ and its own validation structures, on which the cost of fine-tuning is measured.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,17 @@ class Finetuning:
     path: Path
     state: TrainingState
     info: DatasetInfo  # the checkpoint's elements and targets
+    _model: torch.nn.Module | None = field(default=None, repr=False)
+
+    def model(self, like: torch.nn.Module) -> torch.nn.Module:
+        """The checkpoint's own model (its best weights), on the device and in the dtype of
+        ``like``: built once, as it is compared with at the start and the end."""
+        if self._model is None:
+            self._model = model_from_state(self.state)[0]
+            parameter = next(like.parameters(), None)
+            if parameter is not None:
+                self._model = self._model.to(device=parameter.device, dtype=parameter.dtype)
+        return self._model
 
 
 def _lookup(node: Any, key: str) -> Any:
@@ -109,10 +120,7 @@ def start_from_checkpoint(
 ) -> torch.nn.Module:
     """Copy the checkpoint's best weights into ``model`` (new elements and targets keep
     their initial weights). Returns the checkpoint's own model, for comparisons."""
-    parameter = next(model.parameters(), None)
-    old, _, _ = model_from_state(finetuning.state)
-    if parameter is not None:
-        old = old.to(device=parameter.device, dtype=parameter.dtype)
+    old = finetuning.model(model)
     with architectures.blame_architecture(architecture):
         model.inherit(old)
     return old
@@ -194,7 +202,7 @@ def original_validation(finetuning: Finetuning, requests: list) -> tuple[Structu
 
 def with_original_baseline(model: torch.nn.Module, finetuning: Finetuning) -> torch.nn.Module:
     """A copy of ``model`` whose baseline is the checkpoint's for its elements and targets."""
-    old, _, _ = model_from_state(finetuning.state)
+    old = finetuning.model(model)
     copy_of = copy.deepcopy(model)
     weights = copy_of.composition.weights
     axes = [(0, shared_indices(copy_of.atomic_types, old.atomic_types)), (1, copy_of.shared_outputs(old))]

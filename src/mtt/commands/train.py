@@ -17,7 +17,6 @@ from ..data.dataset import DatasetInfo, Splits, load_splits
 from ..data.readers import Structure
 from ..data.structure_sets import InMemorySet, StructureSet, sample_for_statistics
 from ..errors import CheckpointError
-from ..export import model_from_state
 from ..metric_loggers import check_loggers, open_loggers
 from ..outputs import (
     FILE_LOGGER,
@@ -121,7 +120,9 @@ def train(
     try:
         if finetuning is not None:
             original = _watch_original(finetuning, trainer, requests)
-        state = _initial_state(restart, options, model, model_hypers, splits, trainer, environment, finetuning)
+        state = _initial_state(
+            restart, options, model, model_hypers, model_info, splits, trainer, environment, finetuning
+        )
         if finetuning is not None and restart is None:
             state.finetune_start = _finetune_figures(trainer, model, splits, original, finetuning)
         if main and restart is not None and restart.run_folder is not None:
@@ -185,6 +186,7 @@ def _initial_state(
     options: ComposedOptions,
     model: torch.nn.Module,
     model_hypers: object,
+    model_info: DatasetInfo,
     splits: Splits,
     trainer: Trainer,
     environment: distributed.DistributedEnvironment,
@@ -194,13 +196,8 @@ def _initial_state(
     fine-tunes one), or the restart's checkpoint's, its weights loaded."""
     info, hypers = splits.info, options.trainer_hypers
     architecture = trainer.architecture
-    model_info = DatasetInfo(model.atomic_types, info.targets)  # its elements: a fine-tuned model may have more
     identity = RunIdentity(
-        architecture.name,
-        to_plain(model_hypers),
-        (info if finetuning is None else joined_info(finetuning, info)).to_dict(),
-        options.raw,
-        architecture.checkpoint_version,
+        architecture.name, to_plain(model_hypers), model_info.to_dict(), options.raw, architecture.checkpoint_version
     )
     if restart is None:
         state = TrainingState(identity)
@@ -212,8 +209,10 @@ def _initial_state(
             kept = fixed_baseline(model, finetuning, info)
             fixed = {name: {**kept.get(name, {}), **fixed.get(name, {})} for name in {*kept, *fixed}}
         scales = model.composition.scales.clone()
+        # the learned targets, over the model's elements (a fine-tuned model may have more)
+        fitted = DatasetInfo(model_info.atomic_types, info.targets)
         state.spreads = fit_baseline(
-            model, splits.train, model_info, trainer.terms, fixed, hypers.scale_targets, environment
+            model, splits.train, fitted, trainer.terms, fixed, hypers.scale_targets, environment
         )
         if finetuning is not None:  # the inherited networks' outputs keep their scales
             for mine, _ in model.shared_outputs(original):
@@ -287,7 +286,7 @@ def _finetune_figures(
     figures = {"validation": trainer.evaluate(model, splits.validation, None).results()}
     if original is not None:
         if start is not None:
-            model = model_from_state(start.state)[0].to(device=trainer.device, dtype=trainer.dtype)
+            model = start.model(model)
         elif baseline_of is not None and baseline_of.hypers.refit_baseline:
             model = with_original_baseline(model, baseline_of)
         figures["original validation"] = trainer.evaluate(model, original[0], None, original[1]).results()
