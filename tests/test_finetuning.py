@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import ase.io
+import numpy as np
 import pytest
 import torch
 from conftest import EMT_DATA, SMALL_SOAP, exported_outputs, run_mtt, write_options
@@ -56,6 +57,13 @@ def train(folder: Path, *args: str) -> subprocess.CompletedProcess:
 def the_run(folder: Path) -> Path:
     (run,) = [p for p in folder.glob("outputs/*/*") if p.is_dir()]
     return run
+
+
+def trained_checkpoint(folder: Path, options_text: str) -> Path:
+    """Train with ``options_text`` in ``folder``; the run's checkpoint."""
+    write_options(folder, options_text)
+    train(folder, "options.yaml")
+    return the_run(folder) / "model.ckpt"
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +154,9 @@ def test_a_new_target_gets_a_head_and_the_old_one_stays(data, tmp_path):
         atoms.info["energy_b"] = 0.5 * atoms.get_potential_energy() + 0.1 * len(atoms)
         atoms.calc = None
     ase.io.write(tmp_path / "new.xyz", frames)
-    write_options(tmp_path, options(SMALL_SOAP, "{num_epochs: 1, batch_size: 8}", data / "without_gold.xyz"))
-    train(tmp_path, "options.yaml")
-    checkpoint = the_run(tmp_path) / "model.ckpt"
+    checkpoint = trained_checkpoint(
+        tmp_path, options(SMALL_SOAP, "{num_epochs: 1, batch_size: 8}", data / "without_gold.xyz")
+    )
     finetuning = tmp_path / "finetune"
     finetuning.mkdir()
     training = f"{{num_epochs: 1, batch_size: 8, finetune: {{read_from: {checkpoint}, method: heads}}}}"
@@ -219,6 +227,27 @@ def test_finetuning_errors_name_the_cause(pretrained, data, tmp_path):
         write_options(folder, text)
         assert_user_error(run_mtt("train", "options.yaml", cwd=folder), *expected)
         assert not list(folder.glob("outputs/*/*/model.ckpt"))
+
+
+def test_a_target_of_another_shape_than_the_checkpoints_is_refused_before_training(data, tmp_path):
+    frames = ase.io.read(data / "without_gold.xyz", ":")
+    for atoms in frames:  # a property per atom, and its sum per structure
+        atoms.arrays["q"] = np.linspace(-1.0, 1.0, len(atoms))
+        atoms.info["q_sum"] = 0.1 * len(atoms)
+        atoms.calc = None
+    ase.io.write(tmp_path / "q.xyz", frames)
+    per_atom = "    q: {sample_kind: atom}\n"
+    checkpoint = trained_checkpoint(
+        tmp_path, options(SMALL_SOAP, "{num_epochs: 1, batch_size: 8}", tmp_path / "q.xyz", per_atom)
+    )
+    folder = tmp_path / "finetune"
+    folder.mkdir()
+    training = f"{{num_epochs: 1, batch_size: 8, finetune: {checkpoint}}}"
+    write_options(folder, options("name: soap_bpnn", training, tmp_path / "q.xyz", "    q: {key: q_sum}\n"))
+    result = run_mtt("train", "options.yaml", cwd=folder)
+    assert_user_error(result, "target 'q' is a property in no unit here, but a property in no unit per atom in the")
+    assert "another name" in result.stdout + result.stderr
+    assert not list(folder.glob("outputs/*/*/model.ckpt"))
 
 
 def test_a_composition_model_cannot_be_finetuned_by_heads(tmp_path):

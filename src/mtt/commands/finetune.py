@@ -18,6 +18,7 @@ from ..architectures.base import copied_along, shared_indices
 from ..config import ComposedOptions
 from ..data.batching import compute_neighbor_lists
 from ..data.dataset import DatasetInfo, load_splits
+from ..data.readers import TargetInfo
 from ..data.structure_sets import InMemorySet, StructureSet
 from ..errors import DataError, MttError, OptionsError
 from ..export import model_from_state
@@ -92,6 +93,13 @@ def prepare_finetuning(options: ComposedOptions) -> Finetuning | None:
     return Finetuning(hypers, path, state, DatasetInfo.from_dict(identity.dataset_info))
 
 
+def _what(target: TargetInfo) -> str:
+    """'energy in eV', 'a property in e per atom', 'a vector x 2 in D'."""
+    kind = "a vector" if target.vector else (target.quantity or "a property")
+    kind += f" x {target.properties}" if target.properties > 1 else ""
+    return f"{kind} in {target.unit or 'no unit'}" + (" per atom" if target.per_atom else "")
+
+
 def joined_info(finetuning: Finetuning, new: DatasetInfo) -> DatasetInfo:
     """The fine-tuned model's elements and targets: the checkpoint's and the new data's."""
     old = finetuning.info
@@ -101,10 +109,9 @@ def joined_info(finetuning: Finetuning, new: DatasetInfo) -> DatasetInfo:
         if before is None:
             targets[name] = target
             continue
-        if (before.quantity, before.unit) != (target.quantity, target.unit):
+        if before.layout != target.layout:
             raise DataError(
-                f"target '{name}' is {target.quantity or 'a property'} in {target.unit or 'no unit'} here, but "
-                f"{before.quantity or 'a property'} in {before.unit or 'no unit'} in the checkpoint {finetuning.path}.",
+                f"target '{name}' is {_what(target)} here, but {_what(before)} in the checkpoint {finetuning.path}.",
                 hint="Give the new quantity another name: it then gets a head of its own.",
             )
         targets[name] = copy.copy(target)

@@ -119,18 +119,13 @@ def join_targets(targets: dict[str, TargetInfo], more: list[TargetInfo], where: 
         if known is None:
             targets[target.name] = copy.copy(target)
             continue
-        if _layout(known) != _layout(target):
+        if known.layout != target.layout:
             raise DataError(
                 f"'{where}' reads target '{target.name}' as {target.describe()}, but an earlier dataset "
                 f"of '{of}' as {known.describe()}.",
                 hint="A target has one unit and shape in a run: give the other quantity another name.",
             )
         known.forces, known.stress = known.forces or target.forces, known.stress or target.stress
-
-
-def _layout(target: TargetInfo) -> tuple:
-    """What a target is, but for the derivatives learned with it."""
-    return (target.quantity, target.unit, target.per_atom, target.vector, target.properties)
 
 
 def _split_off(

@@ -40,6 +40,12 @@ class TargetInfo:
         property, x y z each)."""
         return self.properties * (3 if self.vector else 1)
 
+    @property
+    def layout(self) -> tuple:
+        """What the target is, but for the derivatives learned with it: two datasets (or a
+        checkpoint and new data) may share a target only where this is the same."""
+        return (self.quantity, self.unit, self.per_atom, self.vector, self.properties)
+
     def describe(self) -> str:
         """What is learned of it: 'energy [eV] + forces + stress', 'charges [e] per atom',
         'dipole [e*angstrom] vector'."""
