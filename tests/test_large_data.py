@@ -106,7 +106,9 @@ def test_training_streams_a_converted_dataset_to_the_numbers_of_the_xyz_file(con
     assert "80 training, 10 validation, 10 test structures" in result.stdout
     assert epoch_metrics(streamed) == epoch_metrics(xyz)
     (log,) = streamed.glob("outputs/*/*/train.log")
-    assert "data loading: structures read per epoch by each rank: 80;" in log.read_text()
+    # read once: held in memory afterwards
+    loading = "structures read by each rank in the first epoch: 80; in the last: 0; held in memory: 80;"
+    assert f"data loading: {loading}" in log.read_text()
     # the same structures in the indices files, by their index in the converted dataset
     (indices,) = streamed.glob("outputs/*/*/indices/test.txt")
     (reference,) = xyz.glob("outputs/*/*/indices/test.txt")
@@ -123,6 +125,31 @@ def test_training_streams_a_converted_dataset_to_the_numbers_of_the_xyz_file(con
     assert len(ase.io.read(streamed / "all.xyz", ":")) == 100
 
 
+@pytest.mark.parametrize(
+    ("budget", "loading"),
+    [
+        # nothing kept: every structure read at every epoch
+        ("0", "in the first epoch: 80; in the last: 80; held in memory: 0;"),
+        # the kept descriptors of a few structures dropped to hold structures instead
+        ("2", "in the last: 0; held in memory: 80;"),
+    ],
+)
+def test_a_memory_budget_too_small_to_keep_everything_gives_the_same_numbers(converted, tmp_path, budget, loading):
+    block = "{systems: " + str(EMT_DATA) + ", targets: {energy: {key: energy, unit: eV, forces: on, stress: on}}}"
+    extra = f", cache_memory_mb: {budget}"
+    xyz = tmp_path / "xyz"
+    xyz.mkdir()
+    result = run_mtt("train", str(write_options(xyz, training_options(block, extra))), cwd=xyz)
+    assert result.returncode == 0, result.stderr
+    streamed = tmp_path / "streamed"
+    streamed.mkdir()
+    result = run_mtt("train", str(write_options(streamed, training_options(str(converted), extra))), cwd=streamed)
+    assert result.returncode == 0, result.stderr
+    assert_same_epochs(epoch_metrics(streamed), epoch_metrics(xyz))
+    (log,) = streamed.glob("outputs/*/*/train.log")
+    assert loading in log.read_text()
+
+
 def test_two_ranks_stream_their_halves_to_the_numbers_of_one_process(converted, tmp_path):
     options = training_options(str(converted), ", checkpoint_interval: 1")
     single = tmp_path / "single"
@@ -133,7 +160,8 @@ def test_two_ranks_stream_their_halves_to_the_numbers_of_one_process(converted, 
     assert result.returncode == 0, result.stderr
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
     (log,) = tmp_path.glob("outputs/*/*/train.log")
-    assert "data loading: structures read per epoch by each rank: 40, 40;" in log.read_text()
+    # each rank reads its half; at the next epoch, what it was not given before (the shares are shuffled)
+    assert "structures read by each rank in the first epoch: 40, 40; in the last: " in log.read_text()
 
 
 # -- bad input: a clear message, a non-zero exit, nothing half-written ---------------------------

@@ -127,10 +127,9 @@ def train(
             state.finetune_start = _finetune_figures(trainer, model, splits, original, finetuning)
         if main and restart is not None and restart.run_folder is not None:
             continue_metrics(restart.run_folder / "metrics.csv", folder / "metrics.csv", state.epoch)
-        first_epoch = state.epoch
         state = trainer.fit(model, splits.train, splits.validation, state, folder)
         if not splits.train.in_memory:
-            loading = trainer.describe_loading(state.epoch - first_epoch)
+            loading = trainer.describe_loading()
             if main:
                 FILE_LOGGER.info("data loading: %s", loading)
         if main:

@@ -177,6 +177,23 @@ def _prepared(structure: Structure, dtype: torch.dtype, device: torch.device) ->
     return cache[key]
 
 
+def structure_bytes(structure: Structure) -> int:
+    """Memory held by a structure: its tensors, neighbour lists and training copies of them
+    (a tensor shared by two of these counted once)."""
+    tensors = [structure.types, structure.positions, structure.cell, structure.pbc]
+    neighbors = list(getattr(structure, "neighbors", []))
+    parts = [structure]
+    for prepared in structure.__dict__.get("_prepared", {}).values():
+        tensors += [prepared.types, prepared.positions, prepared.cell, prepared.pbc, prepared.volume]
+        tensors += [t for pairs in prepared.pairs for t in (pairs.first, pairs.second, pairs.shifts)]
+        neighbors += prepared.neighbors
+        parts.append(prepared)
+    tensors += [t for _, pairs in neighbors for t in (pairs.samples, pairs.vectors)]
+    tensors += [t for part in parts for kind in (part.values, part.forces, part.stress) for t in kind.values()]
+    sizes = {(t.device, t.data_ptr()): t.numel() * t.element_size() for t in tensors}
+    return sum(sizes.values())
+
+
 def _leaves(structure: _Prepared, derivatives: bool, stress: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The structure's positions (a leaf that requires grad for derivatives) and strain leaf."""
     key = (derivatives or stress, stress)

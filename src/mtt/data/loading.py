@@ -4,15 +4,16 @@ A set held in memory is read in the training process: its structures keep their
 neighbour lists and device tensors from one epoch to the next. A set on disk is read by
 torch DataLoader workers, each building whole batches of the structures this rank was
 given (neighbour lists included) while the model trains on earlier ones; on CUDA they
-come in pinned memory. Only the structures of a batch are ever held, so memory does not
-grow with the dataset.
+come in pinned memory. Beyond the batches being read, only the structures that the
+trainer's memory budget holds stay (:meth:`BatchLoader.batches`), so memory does not grow
+with the dataset.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from metatomic.torch import NeighborListOptions
@@ -168,24 +169,40 @@ class BatchLoader:
             prefetch_factor=4 if workers > 0 else None,
             worker_init_fn=_start_worker if workers > 0 else None,
         )
-        #: seconds spent waiting for a batch that was not ready, and structures read, since the last reset
+        #: seconds spent waiting for a batch that was not ready since the last reset, and
+        #: structures read in each pass over the set since then
         self.waited = 0.0
-        self.structures_read = 0
+        self.reads: list[int] = []
+        #: index in the set -> structure read once and held in memory
+        self.held: dict[int, Structure] = {}
 
-    def batches(self, items: list[list[int]]) -> Iterator[list[Structure]]:
-        """The structures of each batch of ``items`` (lists of indices in the set), in order."""
-        if not items:
-            return
-        self.plan.items = items
-        iterator = iter(self.loader)
-        for _ in range(len(items)):
-            started = time.perf_counter()
-            loaded = next(iterator)
-            self.waited += time.perf_counter() - started
-            if loaded.error is not None:
-                raise loaded.error
-            self.structures_read += len(loaded.structures)
-            yield loaded.structures
+    def batches(
+        self, items: list[list[int]], hold: Callable[[Structure], bool] | None = None
+    ) -> Iterator[list[Structure]]:
+        """The structures of each batch of ``items`` (lists of indices in the set), in order.
+
+        A structure read from disk that ``hold`` accepts, once its batch has been used,
+        stays in memory: later passes give it without reading it again.
+        """
+        reading = [[index for index in batch if index not in self.held] for batch in items]
+        self.plan.items = [indices for indices in reading if indices]
+        iterator = iter(self.loader) if self.plan.items else None
+        self.reads.append(0)
+        for batch, indices in zip(items, reading):
+            read: dict[int, Structure] = {}
+            if indices:
+                started = time.perf_counter()
+                loaded = next(iterator)
+                self.waited += time.perf_counter() - started
+                if loaded.error is not None:
+                    raise loaded.error
+                self.reads[-1] += len(loaded.structures)
+                read = dict(zip(indices, loaded.structures))
+            yield [self.held[index] if index in self.held else read[index] for index in batch]
+            if hold is not None and not self.structures.in_memory:
+                for index, structure in read.items():
+                    if hold(structure):
+                        self.held[index] = structure
 
     def close(self) -> None:
         """Stop the workers."""

@@ -5,6 +5,11 @@ weights (SOAP-BPNN: the descriptor, and what its derivatives need) is the same a
 epoch. The model says what that is (``Model.precompute``); this keeps it, within a memory
 budget, and gives it to the batches of those structures (``FlatBatch.data``, rows
 concatenated structure by structure).
+
+The same budget holds the structures of sets streamed from disk (with their neighbour
+lists), so that they are read once rather than at every epoch. A structure takes precedence
+over precomputed data: it is many times smaller, and saves its reading and neighbour list
+at every epoch, where precomputed data serves only batches whose structures all have it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from ..data.batching import structure_bytes
 from ..data.flat_batch import FlatBatch
 from ..data.readers import Structure
 from ..outputs import LOGGER
@@ -38,6 +44,7 @@ class PrecomputedInputs:
         self.used = 0
         self.full = budget_mb <= 0
         self.kept: dict[object, dict[str, torch.Tensor]] = {}  # structure's key -> its rows, by name
+        self.held = 0  # streamed structures held
 
     def _data(self, structure: Structure) -> dict[str, torch.Tensor] | None:
         """The structure's kept data, computed the first time, if it fits."""
@@ -49,17 +56,35 @@ class PrecomputedInputs:
                 data = self.model.precompute(self.batch_of(structure), self.derivatives)
             size = sum(values.numel() * values.element_size() for values in data.values())
             if self.used + size > self.budget:
-                self.full = True
-                LOGGER.info(
-                    "the cache of precomputed inputs is full (%.1f MB, %d structures): other structures "
-                    "are computed at every step; raise architecture.training.cache_memory_mb to keep more",
-                    self.used / 1024**2,
-                    len(self.kept),
-                )
+                self._report_full()
                 return None
             self.used += size
             self.kept[key] = data
         return data
+
+    def _report_full(self) -> None:
+        if not self.full:
+            self.full = True
+            LOGGER.info(
+                "the cache of precomputed inputs is full (%.1f MB, %d structures): other structures "
+                "are computed at every step; raise architecture.training.cache_memory_mb to keep more",
+                self.used / 1024**2,
+                len(self.kept),
+            )
+
+    def hold(self, structure: Structure) -> bool:
+        """Whether a structure streamed from disk may stay in memory rather than be read again
+        at the next epoch; precomputed data is dropped to make room for it."""
+        size = structure_bytes(structure)
+        while self.used + size > self.budget and self.kept:
+            self._report_full()  # nothing more is computed to be kept
+            _, data = self.kept.popitem()
+            self.used -= sum(values.numel() * values.element_size() for values in data.values())
+        if self.used + size > self.budget:
+            return False
+        self.used += size
+        self.held += 1
+        return True
 
     def keep(self, structures: list[Structure], batch: FlatBatch) -> None:
         """Give ``batch`` the kept data of its structures, when every one of them has it."""

@@ -107,22 +107,24 @@ class Trainer:
             self.loaders[id(structures)] = BatchLoader(structures, requests, self.device, workers)
         return self.loaders[id(structures)]
 
-    def describe_loading(self, epochs: int) -> str:
-        """How many training structures each rank read per epoch, and how much of the training
-        steps' time went to waiting for them; on every rank (a collective)."""
+    def describe_loading(self) -> str:
+        """How many training structures each rank read in the first and last epochs and
+        holds in memory, and how much of the training steps' time went to waiting for them;
+        on every rank (a collective)."""
         loader = self.loaders.get(self._train_set)
         environment = self.environment
-        read = torch.zeros(environment.world_size, dtype=torch.float64)
-        if loader is not None:
-            read[environment.rank if environment.enabled else 0] = loader.structures_read / max(epochs, 1)
-        read = environment.all_reduce_sum(read)
+        counts = torch.zeros((3, environment.world_size), dtype=torch.float64)
+        if loader is not None and loader.reads:
+            rank = environment.rank if environment.enabled else 0
+            counts[:, rank] = torch.tensor([loader.reads[0], loader.reads[-1], len(loader.held)], dtype=torch.float64)
+        counts = environment.all_reduce_sum(counts)
         if loader is None or self.training_seconds <= 0:
             return "no training step"
-        per_rank = ", ".join(f"{count:.0f}" for count in read.tolist())
+        first, last, held = (", ".join(f"{count:.0f}" for count in row) for row in counts.tolist())
         return (
-            f"structures read per epoch by each rank: {per_rank}; {loader.waited:.1f} s of "
-            f"{self.training_seconds:.1f} s of training steps on this rank waiting for data "
-            f"({100 * loader.waited / self.training_seconds:.1f}%), {loader.workers} worker"
+            f"structures read by each rank in the first epoch: {first}; in the last: {last}; held in memory: "
+            f"{held}; {loader.waited:.1f} s of {self.training_seconds:.1f} s of training steps on this rank "
+            f"waiting for data ({100 * loader.waited / self.training_seconds:.1f}%), {loader.workers} worker"
             f"{'s' if loader.workers != 1 else ''} per rank"
         )
 
@@ -224,7 +226,8 @@ class Trainer:
         terms = self.terms if info is None else terms_of(info)
         metrics = Metrics(terms)
         model.eval()
-        for read in self.loader(structures, model).batches(self.set_batches(structures)):
+        hold = self.precomputed.hold if self.precomputed is not None and info is None else None
+        for read in self.loader(structures, model).batches(self.set_batches(structures), hold):
             if info is None:
                 batch = self.batch(read)
             else:
@@ -351,7 +354,7 @@ class Trainer:
 
         csv = MetricsCsv(run_folder / "metrics.csv") if main else None
         loader = self.loader(train, model)
-        loader.waited, loader.structures_read = 0.0, 0
+        loader.waited, loader.reads = 0.0, []
         self._train_set = id(train)
         units = Metrics(self.terms).units()
         progress = None
@@ -380,7 +383,7 @@ class Trainer:
                     shares = [self.share(b, n_atoms) for b in batches[first:]]
                     items = [mine or b[:1] for mine, b in zip(shares, batches[first:])]
                     steps_started = time.monotonic()
-                    for number, read in enumerate(loader.batches(items), start=first):
+                    for number, read in enumerate(loader.batches(items, self.precomputed.hold), start=first):
                         self._step(
                             model,
                             loss,
