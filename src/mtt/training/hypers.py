@@ -143,10 +143,11 @@ class TrainerHypers:
     )
     cache_memory_mb: float = option(
         1024.0,
-        "Memory, in MB per process, for what the architecture computes once per structure and "
-        "keeps between epochs (SOAP-BPNN: the descriptor, and with forces or stress what its derivatives "
-        "need, about 0.25 MB per ethanol molecule). Structures "
-        "beyond it are computed at every step, with the same results; 0 keeps nothing.",
+        "Memory, in MB per process, for what is kept between epochs: structures streamed from a "
+        "converted dataset, once read (with their neighbour lists; they come first), and what the "
+        "architecture computes once per structure (SOAP-BPNN: the descriptor, and with forces or stress "
+        "what its derivatives need, about 0.25 MB per ethanol molecule). Structures beyond it are read "
+        "or computed at every step, with the same results; 0 keeps nothing.",
     )
     num_workers: Optional[int] = option(
         None,
