@@ -125,6 +125,24 @@ def test_training_streams_a_converted_dataset_to_the_numbers_of_the_xyz_file(con
     assert len(ase.io.read(streamed / "all.xyz", ":")) == 100
 
 
+def test_a_message_passing_model_streams_to_the_numbers_of_the_xyz_file(converted, tmp_path):
+    """equivariant_mp keeps nothing per structure: the structures alone are held."""
+    architecture = "name: equivariant_mp\n  model: {channels: 8, max_l: 1, hidden_l: 1, correlation: 2, num_layers: 2}"
+    block = "{systems: " + str(EMT_DATA) + ", targets: {energy: {key: energy, unit: eV, forces: on, stress: on}}}"
+    runs = {}
+    for name, training_set in (("xyz", block), ("streamed", str(converted))):
+        folder = tmp_path / name
+        folder.mkdir()
+        text = training_options(training_set).replace(SMALL_SOAP.replace(chr(10), chr(10) + "  "), architecture)
+        result = run_mtt("train", str(write_options(folder, text)), cwd=folder)
+        assert result.returncode == 0, result.stderr
+        runs[name] = epoch_metrics(folder)
+    assert_same_epochs(runs["streamed"], runs["xyz"])
+    (log,) = (tmp_path / "streamed").glob("outputs/*/*/train.log")
+    assert "in the last: 0; held in memory: 80;" in log.read_text()
+    assert "cache of precomputed inputs is full" not in log.read_text()
+
+
 @pytest.mark.parametrize(
     ("budget", "loading"),
     [

@@ -54,6 +54,9 @@ class PrecomputedInputs:
         if data is None and not self.full:
             with torch.no_grad():
                 data = self.model.precompute(self.batch_of(structure), self.derivatives)
+            if not data:  # the architecture keeps nothing: not asked again, no entry per structure
+                self.full = True
+                return None
             size = sum(values.numel() * values.element_size() for values in data.values())
             if self.used + size > self.budget:
                 self._report_full()
