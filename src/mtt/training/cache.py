@@ -24,6 +24,10 @@ from ..data.readers import Structure
 from ..outputs import LOGGER
 
 
+def _bytes(data: dict[str, torch.Tensor]) -> int:
+    return sum(values.numel() * values.element_size() for values in data.values())
+
+
 class PrecomputedInputs:
     """Keeps ``model.precompute``'s data per structure, up to ``budget_mb``.
 
@@ -44,7 +48,6 @@ class PrecomputedInputs:
         self.used = 0
         self.full = budget_mb <= 0
         self.kept: dict[object, dict[str, torch.Tensor]] = {}  # structure's key -> its rows, by name
-        self.held = 0  # streamed structures held
 
     def _data(self, structure: Structure) -> dict[str, torch.Tensor] | None:
         """The structure's kept data, computed the first time, if it fits."""
@@ -57,7 +60,7 @@ class PrecomputedInputs:
             if not data:  # the architecture keeps nothing: not asked again, no entry per structure
                 self.full = True
                 return None
-            size = sum(values.numel() * values.element_size() for values in data.values())
+            size = _bytes(data)
             if self.used + size > self.budget:
                 self._report_full()
                 return None
@@ -82,11 +85,10 @@ class PrecomputedInputs:
         while self.used + size > self.budget and self.kept:
             self._report_full()  # nothing more is computed to be kept
             _, data = self.kept.popitem()
-            self.used -= sum(values.numel() * values.element_size() for values in data.values())
+            self.used -= _bytes(data)
         if self.used + size > self.budget:
             return False
         self.used += size
-        self.held += 1
         return True
 
     def keep(self, structures: list[Structure], batch: FlatBatch) -> None:
