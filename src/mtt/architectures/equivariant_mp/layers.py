@@ -72,25 +72,6 @@ def coupling_paths(in_l: int, max_l: int) -> List[Tuple[int, int, int]]:
     ]
 
 
-class _Coupling(torch.nn.Module):
-    """The coupling of the components of one input degree with the harmonics, onto the
-    components of that degree's paths: the harmonics are contracted with the coupling
-    first (per pair, whatever the channels), then the features with the result."""
-
-    def __init__(self, l_in: int, block: np.ndarray):
-        super().__init__()
-        self.start, self.stop = l_in * l_in, (l_in + 1) ** 2
-        # (harmonics, input components x columns); a constant, rebuilt from the hyperparameters
-        coupling = torch.tensor(block).permute(1, 0, 2).reshape(block.shape[1], -1)
-        self.register_buffer("coupling", coupling, persistent=False)
-        self.columns = block.shape[2]
-
-    def forward(self, features: torch.Tensor, harmonics: torch.Tensor) -> torch.Tensor:
-        own = features[:, :, self.start : self.stop]  # (pairs, channels, input components)
-        per_pair = (harmonics @ self.coupling.to(harmonics.dtype)).reshape(len(harmonics), -1, self.columns)
-        return torch.bmm(own, per_pair)
-
-
 class Interaction(torch.nn.Module):
     """Each atom's one-particle basis A: the sum over neighbours j of R_p(r_ij) times the
     features of j coupled with the harmonics of the bond, path by path (MACE's
@@ -105,25 +86,26 @@ class Interaction(torch.nn.Module):
         paths = coupling_paths(in_l, max_l)
         self.n_paths = len(paths)
         n_harmonics = (max_l + 1) ** 2
-        # per degree of the input, the dense coupling of its components with the harmonics
-        # (degree 0 needs none: its paths are the harmonics themselves)
-        blocks: List[np.ndarray] = []
+        # the coupling of every input component with the harmonics onto every path's
+        # components, one block of columns per path (input degree 0: the harmonics themselves)
+        n_columns = sum(2 * l_out + 1 for _, _, l_out in paths)
+        coupling = np.zeros(((in_l + 1) ** 2, n_harmonics, n_columns))
         path_of_column: List[int] = []
         out_of_column: List[int] = []  # (l_out, path) of each column, for the mixing below
-        for l_in in range(in_l + 1):
-            own = [(p, path) for p, path in enumerate(paths) if path[0] == l_in]
-            columns = sum(2 * path[2] + 1 for _, path in own)
-            block = np.zeros((2 * l_in + 1, n_harmonics, columns))
-            column = 0
-            for p, (_, l_sh, l_out) in own:
-                width = 2 * l_out + 1
-                block[:, l_sh * l_sh : (l_sh + 1) ** 2, column : column + width] = clebsch_gordan(l_in, l_sh, l_out)
-                path_of_column += [p] * width
-                out_of_column += [l_out] * width
-                column += width
-            blocks.append(block)
+        for p, (l_in, l_sh, l_out) in enumerate(paths):
+            width = 2 * l_out + 1
+            column = len(path_of_column)
+            rows, of_bond = slice(l_in * l_in, (l_in + 1) ** 2), slice(l_sh * l_sh, (l_sh + 1) ** 2)
+            coupling[rows, of_bond, column : column + width] = clebsch_gordan(l_in, l_sh, l_out)
+            path_of_column += [p] * width
+            out_of_column += [l_out] * width
+        # (harmonics, input components x columns): contracted with each pair's harmonics
+        # first, whatever the channels; a constant, rebuilt from the hyperparameters
+        self.register_buffer(
+            "coupling", torch.tensor(coupling).permute(1, 0, 2).reshape(n_harmonics, -1), persistent=False
+        )
+        self.n_columns = n_columns
         self.radial = RadialNetwork(radial_functions, radial_hidden, channels * self.n_paths)
-        self.couplings = torch.nn.ModuleList([_Coupling(l_in, block) for l_in, block in enumerate(blocks) if l_in > 0])
         # which path's radial weight each column takes, as a 0/1 matrix (a product, cheaper than a gather)
         spread = torch.zeros((self.n_paths, len(path_of_column)), dtype=torch.float64)
         spread[torch.tensor(path_of_column), torch.arange(len(path_of_column))] = 1.0
@@ -139,14 +121,6 @@ class Interaction(torch.nn.Module):
         # the mixing of each output degree, rows (channel, path), one block after the other
         self.mixing = torch.nn.Parameter(torch.randn(sum(self.paths_per_degree) * channels, channels))
 
-    def _coupled(self, features: torch.Tensor, harmonics: torch.Tensor) -> torch.Tensor:
-        """Per pair and channel, the sender's features coupled with the bond's harmonics,
-        every path's components one after the other: (pairs, channels, columns)."""
-        parts = [features[:, :, :1] * harmonics[:, None, :]]  # degree 0: the harmonics themselves
-        for coupling in self.couplings:
-            parts.append(coupling(features, harmonics))
-        return torch.cat(parts, dim=2)
-
     def forward(
         self,
         features: torch.Tensor,
@@ -156,15 +130,21 @@ class Interaction(torch.nn.Module):
         second: torch.Tensor,
         average_neighbors: torch.Tensor,
     ) -> torch.Tensor:
-        # the radial basis is the half list's: both directions of a pair take its weights
         weights = self.radial(radial_basis).reshape(-1, self.channels, self.n_paths)
-        weights = torch.cat([weights, weights])
-        messages = self._coupled(features.index_select(0, second), harmonics)
-        messages = messages * (weights @ self.path_to_columns.to(weights.dtype))
-        summed = torch.zeros(
-            (len(features), self.channels, messages.shape[2]), dtype=messages.dtype, device=messages.device
-        )
-        summed = summed.index_add(0, first, messages) / average_neighbors
+        weights = weights @ self.path_to_columns.to(weights.dtype)  # (half pairs, channels, columns)
+        # per pair and channel, the sender's features coupled with the bond's harmonics,
+        # every path's components one after the other, in one product
+        per_pair = (harmonics @ self.coupling.to(harmonics.dtype)).reshape(len(harmonics), -1, self.n_columns)
+        coupled = torch.bmm(features.index_select(0, second), per_pair)
+        # the radial basis is the half list's: both directions of a pair take its weights
+        # (broadcast: a concatenation's second derivative would copy the pairs' tensor)
+        half = len(weights)
+        messages = (coupled.reshape(2, half, self.channels, self.n_columns) * weights).reshape(len(coupled), -1)
+        # the sum over neighbours on rows (atoms, channels x columns): its gradient, a
+        # gather of rows, copies whole rows
+        summed = torch.zeros((len(features), messages.shape[1]), dtype=messages.dtype, device=messages.device)
+        summed = summed.index_add(0, first, messages).reshape(len(features), self.channels, self.n_columns)
+        summed = summed / average_neighbors
         grouped = summed.index_select(2, self.column_order)
         degrees: List[torch.Tensor] = []
         start = row = 0
