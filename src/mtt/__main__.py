@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .allocator import keep_freed_memory
 
 
 @dataclass
@@ -179,6 +180,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
+    keep_freed_memory()
     context = RunContext(arguments=list(sys.argv[1:] if argv is None else argv))
     try:
         run_command(args, context)
