@@ -11,7 +11,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "mtt"
 LAYERS = [
     (
         "leaves",
-        {"__init__", "errors", "schema", "outputs", "terminal", "learning_curve", "metric_loggers", "checkpoint"},
+        {
+            "__init__",
+            "errors",
+            "schema",
+            "outputs",
+            "terminal",
+            "learning_curve",
+            "metric_loggers",
+            "checkpoint",
+            "allocator",
+        },
     ),
     ("launch and data", {"distributed", "data"}),
     ("models", {"architectures"}),
