@@ -10,7 +10,6 @@ import pytest
 
 # a 64 MB tensor filled and freed: is its memory still the process's afterwards?
 KEPT_AFTER_FREE = """
-import sys
 import torch
 from mtt.allocator import keep_freed_memory
 
