@@ -9,16 +9,17 @@ degrees of the factors two by two with Clebsch-Gordan coefficients through every
 intermediate degree, symmetrising over the factors and keeping an orthonormal basis of
 what that spans. The weights of the basis functions are learned per element and channel.
 
-Evaluated for the atoms of one element at a time, the weights are first contracted with
-the basis (once per element and step), then the factors one by one (the recursion of
-MACE's implementation), so that no per-atom copy of the basis is ever made.
+Evaluated for the atoms of one element at a time: the weights are contracted with the
+basis once per element and step, so that no per-atom copy of the basis is ever made; the
+monomials of A that the basis uses are built one factor at a time, sharing the products of
+their first factors where that saves work; one batched product gives the features.
 
 No ``from __future__ import annotations`` here: TorchScript compiles :class:`SymmetricProduct`.
 """
 
 import itertools
 import math
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -73,6 +74,40 @@ def _multiplicity(indices: tuple) -> int:
     return math.factorial(len(indices)) // math.prod(math.factorial(indices.count(i)) for i in set(indices))
 
 
+def _plan(padded: List[tuple], size: int, shared: bool) -> List[Tuple[List[Tuple[int, int]], bool]]:
+    """The levels that build the monomials ``padded`` (every one ``correlation`` factors
+    long) one factor at a time: for each level, (row of the level before, new factor) of
+    each of its rows, and whether the rows of the level before must be gathered (they are
+    the level's own order otherwise). Level 0 is the components (and the constant 1); the
+    last level is the monomials in their order. ``shared``: each level holds the distinct
+    prefixes only, computed once for every monomial that starts with them."""
+    correlation = len(padded[0])
+    plan = []
+    if not shared:  # every monomial's prefix in its own row: level 1 is a gather of components
+        for length in range(2, correlation + 1):
+            parents = [factors[0] if length == 2 else row for row, factors in enumerate(padded)]
+            plan.append(([(parent, factors[length - 1]) for parent, factors in zip(parents, padded)], length == 2))
+        return plan
+    previous = {(component,): component for component in range(size + 1)}
+    for length in range(2, correlation + 1):
+        prefixes = [factors[:length] for factors in padded]
+        level = prefixes if length == correlation else sorted(set(prefixes))
+        rows = [(previous[prefix[:-1]], prefix[-1]) for prefix in level]
+        plan.append((rows, length == 2 or [parent for parent, _ in rows] != list(range(len(rows)))))
+        previous = {prefix: row for row, prefix in enumerate(level)}
+    return plan
+
+
+def _cheaper_plan(padded: List[tuple], size: int) -> List[Tuple[List[Tuple[int, int]], bool]]:
+    """Shared prefixes save products where many monomials share them, and cost one more
+    gather per level where few do: the plan with fewer rows gathered and multiplied."""
+
+    def row_operations(plan: List[Tuple[List[Tuple[int, int]], bool]]) -> int:
+        return sum(len(rows) * (3 if gathers else 2) for rows, gathers in plan)
+
+    return min((_plan(padded, size, shared) for shared in (True, False)), key=row_operations)
+
+
 class SymmetricProduct(torch.nn.Module):
     """Per atom and channel, the learned symmetric polynomials of its one-particle basis A
     onto degrees 0 to ``out_l``: B = sum over nu <= correlation of W_nu(element) U_nu A^nu.
@@ -114,9 +149,17 @@ class SymmetricProduct(torch.nn.Module):
         self.channels = channels
         self.outputs = outputs
         self.n_monomials = len(monomials)
-        # the factors of each monomial, padded with a constant 1 (component ``size``)
-        factors = torch.tensor([list(indices) + [size] * (correlation - len(indices)) for indices in monomials])
-        self.register_buffer("factors", factors.t().contiguous(), persistent=False)  # (correlation, monomials)
+        # the monomials are built one factor at a time (padded with a constant 1, component
+        # ``size``): each level multiplies rows of the level before by one more factor
+        padded = [tuple(indices) + (size,) * (correlation - len(indices)) for indices in monomials]
+        plan = _cheaper_plan(padded, size)
+        self.level_sizes: List[int] = [len(level) for level, _ in plan]
+        self.gathers_parents: List[bool] = [gather for _, gather in plan]
+        parents = [parent for level, _ in plan for parent, _ in level]
+        new_factors = [factor for level, _ in plan for _, factor in level]
+        self.register_buffer("parents", torch.tensor(parents, dtype=torch.long), persistent=False)
+        self.register_buffer("new_factors", torch.tensor(new_factors, dtype=torch.long), persistent=False)
+        self.register_buffer("singles", torch.tensor([f[0] for f in padded], dtype=torch.long), persistent=False)
         self.register_buffer(
             "basis", torch.tensor(combined.reshape(functions, -1)).to(torch.get_default_dtype()), persistent=False
         )
@@ -135,9 +178,13 @@ class SymmetricProduct(torch.nn.Module):
                 continue
             own = rows[:, :, start : start + count].contiguous()
             start += count
-            monomials = own.index_select(1, self.factors[0])
-            for factor in self.factors[1:]:
-                monomials = monomials * own.index_select(1, factor)
+            monomials = own.index_select(1, self.singles) if len(self.level_sizes) == 0 else own
+            first = 0
+            for size, gathers in zip(self.level_sizes, self.gathers_parents):
+                if gathers:
+                    monomials = monomials.index_select(1, self.parents[first : first + size])
+                monomials = monomials * own.index_select(1, self.new_factors[first : first + size])
+                first += size
             weighted = (self.weights[element].t() @ self.basis.to(basis.dtype)).reshape(
                 self.channels, self.n_monomials, self.outputs
             )
