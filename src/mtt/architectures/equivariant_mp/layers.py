@@ -91,14 +91,12 @@ class Interaction(torch.nn.Module):
         n_columns = sum(2 * l_out + 1 for _, _, l_out in paths)
         coupling = np.zeros(((in_l + 1) ** 2, n_harmonics, n_columns))
         path_of_column: List[int] = []
-        out_of_column: List[int] = []  # (l_out, path) of each column, for the mixing below
         for p, (l_in, l_sh, l_out) in enumerate(paths):
             width = 2 * l_out + 1
             column = len(path_of_column)
             rows, of_bond = slice(l_in * l_in, (l_in + 1) ** 2), slice(l_sh * l_sh, (l_sh + 1) ** 2)
             coupling[rows, of_bond, column : column + width] = clebsch_gordan(l_in, l_sh, l_out)
             path_of_column += [p] * width
-            out_of_column += [l_out] * width
         # (harmonics, input components x columns): contracted with each pair's harmonics
         # first, whatever the channels; a constant, rebuilt from the hyperparameters
         self.register_buffer(
@@ -110,16 +108,38 @@ class Interaction(torch.nn.Module):
         spread = torch.zeros((self.n_paths, len(path_of_column)), dtype=torch.float64)
         spread[torch.tensor(path_of_column), torch.arange(len(path_of_column))] = 1.0
         self.register_buffer("path_to_columns", spread, persistent=False)
-        # the columns of each output degree, paths one after the other, and their mixing
-        order: List[int] = []
-        self.paths_per_degree: List[int] = []
+        # the mixing of each output degree across channels and paths: one matrix per degree,
+        # rows (channel, path), the degrees' blocks one after the other
+        paths_per_degree = [sum(1 for _, _, l_out in paths if l_out == l) for l in range(max_l + 1)]
+        self.mixing = torch.nn.Parameter(torch.randn(sum(paths_per_degree) * channels, channels))
+        # applied to every output component at once, as one batched product: each component
+        # takes its degree's paths (padded to the largest count with a zero column, index
+        # ``n_columns``) and its degree's matrix (padded with a zero row, index ``len(mixing)``),
+        # scaled by 1 / sqrt(channels x paths of the degree)
+        self.padded_paths = max(paths_per_degree)
+        columns: List[int] = []
         for l_out in range(max_l + 1):
-            mine = [c for c in range(len(out_of_column)) if out_of_column[c] == l_out]
-            order += sorted(mine, key=lambda c: (path_of_column[c], c))
-            self.paths_per_degree.append(len(mine) // (2 * l_out + 1))
-        self.register_buffer("column_order", torch.tensor(order), persistent=False)
-        # the mixing of each output degree, rows (channel, path), one block after the other
-        self.mixing = torch.nn.Parameter(torch.randn(sum(self.paths_per_degree) * channels, channels))
+            for m in range(2 * l_out + 1):
+                mine = [p for p, (_, _, l) in enumerate(paths) if l == l_out]
+                starts = [path_of_column.index(p) for p in mine]
+                columns += [start + m for start in starts] + [n_columns] * (self.padded_paths - len(mine))
+        self.register_buffer("component_columns", torch.tensor(columns), persistent=False)
+        rows: List[int] = []
+        scales: List[float] = []
+        first_row = 0
+        for count in paths_per_degree:
+            for channel in range(channels):
+                rows += [first_row + channel * count + p for p in range(count)]
+                rows += [len(self.mixing)] * (self.padded_paths - count)
+                scales += [1.0 / math.sqrt(channels * count)] * self.padded_paths
+            first_row += count * channels
+        self.register_buffer("degree_rows", torch.tensor(rows), persistent=False)
+        self.register_buffer("degree_scales", torch.tensor(scales, dtype=torch.float64)[:, None], persistent=False)
+        self.register_buffer(
+            "degree_of_component",
+            torch.tensor([l for l in range(max_l + 1) for _ in range(2 * l + 1)]),
+            persistent=False,
+        )
 
     def forward(
         self,
@@ -145,14 +165,13 @@ class Interaction(torch.nn.Module):
         summed = torch.zeros((len(features), messages.shape[1]), dtype=messages.dtype, device=messages.device)
         summed = summed.index_add(0, first, messages).reshape(len(features), self.channels, self.n_columns)
         summed = summed / average_neighbors
-        grouped = summed.index_select(2, self.column_order)
-        degrees: List[torch.Tensor] = []
-        start = row = 0
-        for l_out, count in enumerate(self.paths_per_degree):
-            width = 2 * l_out + 1
-            part = grouped[:, :, start : start + count * width].reshape(len(features), self.channels * count, width)
-            mixing = self.mixing[row : row + count * self.channels] / math.sqrt(self.channels * count)
-            degrees.append(torch.matmul(part.transpose(1, 2), mixing).transpose(1, 2))
-            start += count * width
-            row += count * self.channels
-        return torch.cat(degrees, dim=2)
+        # (components, atoms, channels x padded paths) times (components, channels x padded paths, channels)
+        n_components = len(self.degree_of_component)
+        padded = torch.nn.functional.pad(summed, (0, 1)).index_select(2, self.component_columns)
+        padded = padded.reshape(len(features), self.channels, n_components, self.padded_paths).permute(2, 0, 1, 3)
+        padded = padded.reshape(n_components, len(features), self.channels * self.padded_paths)
+        mixing = torch.nn.functional.pad(self.mixing, (0, 0, 0, 1)).index_select(0, self.degree_rows)
+        mixing = mixing * self.degree_scales.to(mixing.dtype)
+        mixing = mixing.reshape(-1, self.channels * self.padded_paths, self.channels)
+        mixed = torch.bmm(padded, mixing.index_select(0, self.degree_of_component))  # (components, atoms, channels)
+        return mixed.permute(1, 2, 0)
