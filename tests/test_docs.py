@@ -189,6 +189,7 @@ def test_mtt_options_prints_every_option_with_its_default_and_doc(tmp_path):
     assert "architecture.training.learning_rate: 0.02 " in message_passing
     assert "architecture.training.ema_decay: 0.99 " in message_passing
     assert "architecture.training.final_stage.learning_rate: 0.001 " in message_passing
+    assert "architecture.training.final_stage.start_fraction: 0.875 " in message_passing
     assert all(len(line) <= 80 for line in result.stdout.splitlines())
 
     composition = run_mtt("options", "composition", cwd=tmp_path)
