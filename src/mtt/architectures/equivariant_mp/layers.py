@@ -156,14 +156,18 @@ class Interaction(torch.nn.Module):
         # every path's components one after the other, in one product
         per_pair = (harmonics @ self.coupling.to(harmonics.dtype)).reshape(len(harmonics), -1, self.n_columns)
         coupled = torch.bmm(features.index_select(0, second), per_pair)
-        # the radial basis is the half list's: both directions of a pair take its weights
-        # (broadcast: a concatenation's second derivative would copy the pairs' tensor)
+        # the radial basis is the half list's: both directions of a pair take its weights,
+        # one direction at a time (a broadcast over both would sum its gradient over the
+        # directions with a slow reduction; a concatenation's second derivative would copy
+        # the pairs' tensor)
         half = len(weights)
-        messages = (coupled.reshape(2, half, self.channels, self.n_columns) * weights).reshape(len(coupled), -1)
+        outgoing, incoming = coupled.reshape(2, half, self.channels * self.n_columns).unbind(0)
+        weights = weights.reshape(half, -1)
         # the sum over neighbours on rows (atoms, channels x columns): its gradient, a
         # gather of rows, copies whole rows
-        summed = torch.zeros((len(features), messages.shape[1]), dtype=messages.dtype, device=messages.device)
-        summed = summed.index_add(0, first, messages).reshape(len(features), self.channels, self.n_columns)
+        summed = torch.zeros((len(features), weights.shape[1]), dtype=weights.dtype, device=weights.device)
+        summed = summed.index_add(0, first[:half], outgoing * weights).index_add(0, first[half:], incoming * weights)
+        summed = summed.reshape(len(features), self.channels, self.n_columns)
         summed = summed / average_neighbors
         # (components, atoms, channels x padded paths) times (components, channels x padded paths, channels)
         n_components = len(self.degree_of_component)
