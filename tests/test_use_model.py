@@ -3,6 +3,7 @@ metatomic's own calculator, in fresh processes that never import mtt."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -190,6 +191,46 @@ def test_float32_model_runs_in_ase(tmp_path):
         print(atoms.get_potential_energy(), atoms.get_forces().dtype)
     """)
     assert output.stdout.startswith("float32")
+
+
+# resident memory kept after a 16 MiB tensor is filled and freed, in an engine's process
+# that has (or has not yet) computed forces with the exported model
+KEPT_AFTER_A_STEP = """
+    import os, sys, ase.io, torch
+    from metatomic_ase import MetatomicCalculator
+    def resident():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096 / 2**20
+    atoms = ase.io.read({data!r}, "0")
+    atoms.calc = MetatomicCalculator({model!r}, extensions_directory={extensions!r})
+    if {compute}:
+        atoms.get_forces()
+    before = resident()
+    block = torch.ones(4 * 2**20)
+    del block
+    assert "mtt" not in sys.modules
+    print(resident() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's dynamic mmap threshold is Linux's")
+def test_exported_model_lets_the_engine_keep_its_step_memory(emt_model):
+    """After one call of an exported model on the CPU, glibc serves tensors of up to about
+    31 MiB from the heap and keeps them when freed, so that an MD step does not fault in
+    their pages again; before it, a 16 MiB tensor goes back to the system when freed."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    kept = {}
+    for compute in (False, True):
+        script = KEPT_AFTER_A_STEP.format(
+            data=str(EMT_DATA), model=str(emt_model), extensions=str(emt_model.parent / "extensions"), compute=compute
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script)], env=environment, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        kept[compute] = float(result.stdout.split()[-1])
+    assert kept[False] < 4  # MiB: glibc's defaults
+    assert kept[True] > 12
 
 
 def test_eval_writes_predictions_table_and_plots(tmp_path, emt_model):

@@ -20,6 +20,25 @@ from ..data.dataset import DatasetInfo
 from ..data.flat_batch import FlatBatch, batch_of_systems
 
 
+def keep_step_memory_hint(like: torch.Tensor) -> torch.Tensor:
+    """A zero of ``like``'s dtype, for an engine's process to keep each step's memory.
+
+    glibc serves large blocks with ``mmap`` and hands the top of the heap back to the
+    system once more than twice that threshold is free there, so an engine's CPU step
+    faults in, and zero-fills, the pages of its large tensors again at every step. The
+    threshold starts at 128 KiB and rises to the size of any mapped block that is freed,
+    up to 32 MiB (mallopt(3), "dynamic mmap threshold"): allocating and freeing a block
+    just under that, never touched, makes the process keep up to twice as much for the
+    next step, as ``mtt.allocator`` does for training, without asking the engine for
+    anything. Where the allocator was set otherwise (``MALLOC_*`` variables, ``mallopt``,
+    another allocator), glibc keeps those settings. The zero is for the caller to add to
+    its outputs: TorchScript removes an allocation that nothing uses, and folds one whose
+    size is a constant.
+    """
+    block = torch.empty([(31 << 20) + 0 * like.shape[0]], dtype=torch.uint8)
+    return block[:0].sum().to(like.dtype)
+
+
 def output_name(target: str) -> str:
     """Name of a target among metatomic outputs: 'energy' and its variants ('energy/xtb':
     another level of theory) are standard, others are ours."""
@@ -225,6 +244,8 @@ class Model(torch.nn.Module):
         types = batch.types
         device = types.device
         per_atom = self.composition(types, self.per_atom_outputs(batch))
+        if device.type == "cpu":
+            per_atom = per_atom + keep_step_memory_hint(per_atom)
         keys = Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=device))
         per_atom_requested = False
         for name in self.output_names:
