@@ -55,7 +55,8 @@ ratio mtt / MACE. The figures of each tool on each split:
   After the trainings of a split, each tool's model runs both systems in one process, the
   tools alternating, ``--md-rounds`` times. Then again with ``MALLOC_MMAP_MAX_=0
   MALLOC_TRIM_THRESHOLD_=1073741824`` in both tools' environment ("malloc settings"): what
-  mtt's docs recommend for engines on CPUs, which mtt's own commands do by themselves.
+  mtt's docs suggest for engines on CPUs, which mtt's own commands do by themselves (mtt's
+  exported models raise glibc's dynamic thresholds on their own, in the first rows too).
 
 Sizing (2 CPU cores, no GPU, an idle machine): MACE takes about 20 s an epoch on 1000 ethanol
 structures and 2 s on 80 (measured here: 1.9-2.1 s; the issue had 1.35-1.5 s), a little less on
@@ -245,7 +246,7 @@ FIGURES = [
     "MD 99 atoms steps/s, malloc settings",
 ]
 #: MD runs twice: with the engine's environment as it is, and with the two glibc settings
-#: that "Using a trained model" recommends for engines on CPUs (for both tools alike; mtt's
+#: that "Using a trained model" suggests for engines on CPUs (for both tools alike; mtt's
 #: own commands set them by themselves, an engine's process does not)
 MD_SETTINGS = {
     "": {},
