@@ -43,6 +43,12 @@ def run_mtt(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None
     )
 
 
+def untuned_allocator_environment() -> dict[str, str]:
+    """This process's environment without the user's allocator settings (``MALLOC_*``
+    variables, a preloaded allocator): glibc's defaults, as most engines start."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+
+
 def exported_outputs(model: Path) -> list[str]:
     """The outputs an exported model declares, read in a process that never imports mtt."""
     script = (

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
+from conftest import untuned_allocator_environment
 
 # a 64 MB tensor filled and freed: is its memory still the process's afterwards?
 KEPT_AFTER_FREE = """
@@ -26,9 +26,12 @@ print((resident() - before) / 2**20)
 
 
 def _run(extra_env: dict[str, str]) -> tuple[bool, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     result = subprocess.run(
-        [sys.executable, "-c", KEPT_AFTER_FREE], env={**env, **extra_env}, capture_output=True, text=True, check=True
+        [sys.executable, "-c", KEPT_AFTER_FREE],
+        env={**untuned_allocator_environment(), **extra_env},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     applied, kept = result.stdout.split()
     return applied == "True", float(kept)

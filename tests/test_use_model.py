@@ -3,7 +3,6 @@ metatomic's own calculator, in fresh processes that never import mtt."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-from conftest import EMT_DATA, ROOT, logged_test_errors, run_mtt, write_options
+from conftest import EMT_DATA, ROOT, logged_test_errors, run_mtt, untuned_allocator_environment, write_options
 
 STORED_CHECKPOINT = ROOT / "tests" / "data" / "checkpoint-v1.ckpt"
 
@@ -58,10 +57,10 @@ def emt_model(tmp_path_factory) -> Path:
     return train(tmp_path_factory.mktemp("emt"), EMT_DATA, "{key: energy, unit: eV, forces: on, stress: on}", epochs=8)
 
 
-def run_python(script: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_python(script: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Python in a fresh process, as a simulation script would run."""
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=timeout, env=env
     )
     assert result.returncode == 0, result.stderr
     return result
@@ -196,7 +195,7 @@ def test_float32_model_runs_in_ase(tmp_path):
 # resident memory kept after a 16 MiB tensor is filled and freed, in an engine's process
 # that has (or has not yet) computed forces with the exported model
 KEPT_AFTER_A_STEP = """
-    import os, sys, ase.io, torch
+    import sys, ase.io, torch
     from metatomic_ase import MetatomicCalculator
     def resident():
         with open("/proc/self/statm") as statm:
@@ -218,17 +217,12 @@ def test_exported_model_lets_the_engine_keep_its_step_memory(emt_model):
     """After one call of an exported model on the CPU, glibc serves tensors of up to about
     31 MiB from the heap and keeps them when freed, so that an MD step does not fault in
     their pages again; before it, a 16 MiB tensor goes back to the system when freed."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     kept = {}
     for compute in (False, True):
         script = KEPT_AFTER_A_STEP.format(
             data=str(EMT_DATA), model=str(emt_model), extensions=str(emt_model.parent / "extensions"), compute=compute
         )
-        result = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(script)], env=environment, capture_output=True, text=True
-        )
-        assert result.returncode == 0, result.stderr
-        kept[compute] = float(result.stdout.split()[-1])
+        kept[compute] = float(run_python(script, env=untuned_allocator_environment()).stdout.split()[-1])
     assert kept[False] < 4  # MiB: glibc's defaults
     assert kept[True] > 12
 
