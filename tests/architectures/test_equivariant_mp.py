@@ -42,7 +42,10 @@ def test_internal_features_rotate_with_the_structure(hypers):
     model = _model(hypers)
     captured = {}
     for number, layer in enumerate(model.layers):
-        layer.interaction.register_forward_hook(lambda m, i, o, n=number: captured.__setitem__(("basis", n), o))
+        # the one-particle basis is (components, channels, atoms): compared as (atoms, channels, components)
+        layer.interaction.register_forward_hook(
+            lambda m, i, o, n=number: captured.__setitem__(("basis", n), o.permute(2, 1, 0))
+        )
         layer.register_forward_hook(lambda m, i, o, n=number: captured.__setitem__(("features", n), o))
     structure = emt_structures(1)[0]
     rotation = random_rotations(1, seed=4)[0]

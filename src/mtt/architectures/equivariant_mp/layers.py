@@ -6,6 +6,12 @@ natural parity ((-1)^l: scalars, vectors, rank-2 tensors...), laid out as the ha
 by element, with the count of each, so that what depends on an element (the product's
 weights, the skip connection) works on one slice per element.
 
+Inside a layer, the one-particle basis is (components, channels, atoms) and the product's
+features (channels, components, atoms): with atoms innermost from the interaction's mixing
+to the product and on to the next linear map, every batched product, and each of its
+gradients, reads rows of unit stride (a gradient that comes with its batch axis innermost
+makes ``bmm`` slow, on two threads most of all).
+
 No ``from __future__ import annotations`` here: TorchScript compiles these modules.
 """
 
@@ -36,6 +42,11 @@ class EquivariantLinear(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         weights = self.weights.index_select(0, self.degree) / math.sqrt(self.channels_in)  # (components, in, out)
         return torch.bmm(features.permute(2, 0, 1), weights).permute(1, 2, 0)
+
+    def from_channels_first(self, features: torch.Tensor) -> torch.Tensor:
+        """The same from features (channels, components, atoms), e.g. the product's."""
+        weights = self.weights.index_select(0, self.degree) / math.sqrt(self.channels_in)
+        return torch.bmm(weights.transpose(1, 2), features.transpose(0, 1)).permute(2, 1, 0)
 
 
 class ElementLinear(torch.nn.Module):
@@ -169,13 +180,13 @@ class Interaction(torch.nn.Module):
         summed = summed.index_add(0, first[:half], outgoing * weights).index_add(0, first[half:], incoming * weights)
         summed = summed.reshape(len(features), self.channels, self.n_columns)
         summed = summed / average_neighbors
-        # (components, atoms, channels x padded paths) times (components, channels x padded paths, channels)
+        # (components, channels, channels x padded paths) times (components, channels x padded paths, atoms)
         n_components = len(self.degree_of_component)
         padded = torch.nn.functional.pad(summed, (0, 1)).index_select(2, self.component_columns)
-        padded = padded.reshape(len(features), self.channels, n_components, self.padded_paths).permute(2, 0, 1, 3)
-        padded = padded.reshape(n_components, len(features), self.channels * self.padded_paths)
+        padded = padded.reshape(len(features), self.channels, n_components, self.padded_paths).permute(2, 1, 3, 0)
+        padded = padded.reshape(n_components, self.channels * self.padded_paths, len(features))
         mixing = torch.nn.functional.pad(self.mixing, (0, 0, 0, 1)).index_select(0, self.degree_rows)
         mixing = mixing * self.degree_scales.to(mixing.dtype)
         mixing = mixing.reshape(-1, self.channels * self.padded_paths, self.channels)
-        mixed = torch.bmm(padded, mixing.index_select(0, self.degree_of_component))  # (components, atoms, channels)
-        return mixed.permute(1, 2, 0)
+        # the one-particle basis, (components, channels, atoms)
+        return torch.bmm(mixing.index_select(0, self.degree_of_component).transpose(1, 2), padded)

@@ -72,7 +72,7 @@ class Layer(torch.nn.Module):
         average_neighbors: torch.Tensor,
     ) -> torch.Tensor:
         basis = self.interaction(self.up(features), harmonics, radial_basis, first, second, average_neighbors)
-        new = self.down(self.product(basis, counts))
+        new = self.down.from_channels_first(self.product(basis, counts))
         if self.skip is not None:
             skip = self.skip(features[:, :, : self.skip_width], counts)
             if self.skip_width < self.out_width:

@@ -9,10 +9,10 @@ degrees of the factors two by two with Clebsch-Gordan coefficients through every
 intermediate degree, symmetrising over the factors and keeping an orthonormal basis of
 what that spans. The weights of the basis functions are learned per element and channel.
 
-Evaluated for the atoms of one element at a time: the weights are contracted with the
-basis once per element and step, so that no per-atom copy of the basis is ever made; the
-monomials of A that the basis uses are built one factor at a time, sharing the products of
-their first factors where that saves work; one batched product gives the features.
+The monomials of A that the basis uses are built for every atom at once, one factor at a
+time, sharing the products of their first factors where that saves work. The weights are
+contracted with the basis once per element and step, so that no per-atom copy of the basis
+is ever made, and one batched product per element gives its atoms' features.
 
 No ``from __future__ import annotations`` here: TorchScript compiles :class:`SymmetricProduct`.
 """
@@ -166,27 +166,24 @@ class SymmetricProduct(torch.nn.Module):
         self.weights = torch.nn.Parameter(torch.randn(n_elements, functions, channels) / functions)
 
     def forward(self, basis: torch.Tensor, counts: List[int]) -> torch.Tensor:
-        """``basis`` (atoms, channels, components), atoms sorted by element with ``counts``
-        of each; returns (atoms, channels, (out_l + 1)^2) in the same order."""
+        """``basis`` (components, channels, atoms), atoms sorted by element with ``counts``
+        of each; returns (channels, (out_l + 1)^2, atoms) in the same order."""
         # (channels, components, atoms): each factor of the monomials is a gather of rows of
-        # atoms, and every product below works on contiguous tensors of one layout
-        rows = torch.nn.functional.pad(basis.permute(1, 2, 0), (0, 0, 0, 1), value=1.0)
+        # atoms, and the batched products' operands and gradients keep atoms innermost
+        factors = torch.nn.functional.pad(basis.transpose(0, 1), (0, 0, 0, 1), value=1.0)
+        monomials = factors.index_select(1, self.singles) if len(self.level_sizes) == 0 else factors
+        first = 0
+        for size, gathers in zip(self.level_sizes, self.gathers_parents):
+            if gathers:
+                monomials = monomials.index_select(1, self.parents[first : first + size])
+            monomials = monomials * factors.index_select(1, self.new_factors[first : first + size])
+            first += size
         outputs: List[torch.Tensor] = []
-        start = 0
-        for element, count in enumerate(counts):
-            if count == 0:
+        for element, own in enumerate(torch.split(monomials, counts, dim=2)):
+            if counts[element] == 0:
                 continue
-            own = rows[:, :, start : start + count].contiguous()
-            start += count
-            monomials = own.index_select(1, self.singles) if len(self.level_sizes) == 0 else own
-            first = 0
-            for size, gathers in zip(self.level_sizes, self.gathers_parents):
-                if gathers:
-                    monomials = monomials.index_select(1, self.parents[first : first + size])
-                monomials = monomials * own.index_select(1, self.new_factors[first : first + size])
-                first += size
             weighted = (self.weights[element].t() @ self.basis.to(basis.dtype)).reshape(
                 self.channels, self.n_monomials, self.outputs
             )
-            outputs.append(torch.bmm(weighted.transpose(1, 2).contiguous(), monomials))
-        return torch.cat(outputs, dim=2).permute(2, 0, 1)  # (atoms, channels, outputs)
+            outputs.append(torch.bmm(weighted.transpose(1, 2).contiguous(), own))
+        return torch.cat(outputs, dim=2)  # (channels, outputs, atoms)
