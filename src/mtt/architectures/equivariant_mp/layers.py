@@ -59,16 +59,14 @@ class ElementLinear(torch.nn.Module):
         self.register_buffer("degree", torch.tensor(degree_of_components(max_l)), persistent=False)
 
     def forward(self, features: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        # (elements, components, in, out)
+        weights = self.weights.index_select(1, self.degree) / math.sqrt(self.channels)
         outputs: List[torch.Tensor] = []
-        start = 0
-        for element, count in enumerate(counts):
-            if count == 0:
-                continue
-            weights = self.weights[element].index_select(0, self.degree) / math.sqrt(self.channels)
-            own = features[start : start + count].permute(2, 0, 1)
-            outputs.append(torch.bmm(own, weights).permute(1, 2, 0))
-            start += count
-        return torch.cat(outputs)
+        # (components, out, atoms) for each element, as the product's features after their linear map
+        for element, (own, weight) in enumerate(zip(torch.split(features, counts), weights.unbind(0))):
+            if counts[element] > 0:
+                outputs.append(torch.bmm(weight.transpose(1, 2), own.permute(2, 1, 0)))
+        return torch.cat(outputs, dim=2).permute(2, 1, 0)
 
 
 def coupling_paths(in_l: int, max_l: int) -> List[Tuple[int, int, int]]:
@@ -179,14 +177,14 @@ class Interaction(torch.nn.Module):
         summed = torch.zeros((len(features), weights.shape[1]), dtype=weights.dtype, device=weights.device)
         summed = summed.index_add(0, first[:half], outgoing * weights).index_add(0, first[half:], incoming * weights)
         summed = summed.reshape(len(features), self.channels, self.n_columns)
-        summed = summed / average_neighbors
         # (components, channels, channels x padded paths) times (components, channels x padded paths, atoms)
         n_components = len(self.degree_of_component)
         padded = torch.nn.functional.pad(summed, (0, 1)).index_select(2, self.component_columns)
         padded = padded.reshape(len(features), self.channels, n_components, self.padded_paths).permute(2, 1, 3, 0)
         padded = padded.reshape(n_components, self.channels * self.padded_paths, len(features))
         mixing = torch.nn.functional.pad(self.mixing, (0, 0, 0, 1)).index_select(0, self.degree_rows)
-        mixing = mixing * self.degree_scales.to(mixing.dtype)
+        # the mean over neighbours too: the sum divided by the average number of neighbours
+        mixing = mixing * (self.degree_scales.to(mixing.dtype) / average_neighbors)
         mixing = mixing.reshape(-1, self.channels * self.padded_paths, self.channels)
         # the one-particle basis, (components, channels, atoms)
         return torch.bmm(mixing.index_select(0, self.degree_of_component).transpose(1, 2), padded)

@@ -59,10 +59,12 @@ class NormalizedMlp(torch.nn.Module):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         result = inputs
         last = len(self.fan_in) - 1
+        scale = 1.0  # of the layer's inputs: the SiLU's normalisation, applied to the weights (smaller)
         for number, weight in enumerate(self.weights):
-            result = result @ (weight / math.sqrt(self.fan_in[number]))
+            result = result @ (weight * (scale / math.sqrt(self.fan_in[number])))
             if number < last:
-                result = torch.nn.functional.silu(result) * self.silu_normalization
+                result = torch.nn.functional.silu(result)
+                scale = self.silu_normalization
         return result
 
 
