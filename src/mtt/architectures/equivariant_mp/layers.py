@@ -39,14 +39,16 @@ class EquivariantLinear(torch.nn.Module):
         self.weights = torch.nn.Parameter(torch.randn(max_l + 1, channels_in, channels_out))
         self.register_buffer("degree", torch.tensor(degree_of_components(max_l)), persistent=False)
 
+    def component_weights(self) -> torch.Tensor:
+        """Each component's matrix, its degree's: (components, in, out)."""
+        return self.weights.index_select(0, self.degree) / math.sqrt(self.channels_in)
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        weights = self.weights.index_select(0, self.degree) / math.sqrt(self.channels_in)  # (components, in, out)
-        return torch.bmm(features.permute(2, 0, 1), weights).permute(1, 2, 0)
+        return torch.bmm(features.permute(2, 0, 1), self.component_weights()).permute(1, 2, 0)
 
     def from_channels_first(self, features: torch.Tensor) -> torch.Tensor:
         """The same from features (channels, components, atoms), e.g. the product's."""
-        weights = self.weights.index_select(0, self.degree) / math.sqrt(self.channels_in)
-        return torch.bmm(weights.transpose(1, 2), features.transpose(0, 1)).permute(2, 1, 0)
+        return torch.bmm(self.component_weights().transpose(1, 2), features.transpose(0, 1)).permute(2, 1, 0)
 
 
 class ElementLinear(torch.nn.Module):
