@@ -114,13 +114,14 @@ def test_typo_in_override(tmp_path, options):
 def test_values_out_of_range_are_tied_to_their_keys(tmp_path, options):
     result = run_mtt(
         "train", "options.yaml", "architecture.training.cache_memory_mb=-1", "architecture.training.batch_size=0",
-        cwd=tmp_path,
+        "architecture.training.validation_batch_size=0", cwd=tmp_path,
     )  # fmt: skip
     stderr = assert_user_error(
         result,
-        "2 problems in the options",
+        "3 problems in the options",
         "'architecture.training.batch_size' must be >= 1, got 0",
         "'architecture.training.cache_memory_mb' must be >= 0, got -1.0",
+        "'architecture.training.validation_batch_size' must be >= 1 or null, got 0",
     )
     assert "'architecture.training':" not in stderr
     assert_nothing_written(tmp_path)

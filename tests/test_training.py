@@ -200,3 +200,22 @@ def test_kept_features_change_no_number(tmp_path, emt_file):
         full = "cache of precomputed inputs is full" in (run / "train.log").read_text()
         assert full == (budget == "0.3")
     assert metrics["1024"] == metrics["0"] == metrics["0.3"]
+
+
+def test_validation_batches_change_no_figure(tmp_path, emt_file):
+    """Evaluation takes its own batch size (twice the training batch by default): one
+    structure per batch gives the same validation figures, and the same training."""
+    metrics = {}
+    for size in ("null", "1"):
+        folder = tmp_path / f"validation-batch-{size}"
+        folder.mkdir()
+        options = write_options(folder, emt_options(emt_file, 2))
+        result = run_mtt("train", str(options), f"architecture.training.validation_batch_size={size}", cwd=folder)
+        assert result.returncode == 0, result.stderr
+        with open(run_folder(folder) / "metrics.csv") as file:
+            metrics[size] = [{k: float(v) for k, v in row.items() if k != "time [s]"} for row in csv.DictReader(file)]
+    assert len(metrics["null"]) == 2
+    for default, single in zip(metrics["null"], metrics["1"]):
+        assert default.keys() == single.keys()
+        for key, value in default.items():
+            assert math.isclose(value, single[key], rel_tol=1e-9), (key, value, single[key])

@@ -29,6 +29,7 @@ MAY_CHANGE = {
     "architecture.training.checkpoint_interval": "how often checkpoints are written",
     "architecture.training.log_interval": "how often a line is printed",
     "architecture.training.log_mae": "whether MAEs are printed",
+    "architecture.training.validation_batch_size": "structures per evaluation batch (the same figures up to rounding)",
     "architecture.training.cache_memory_mb": "memory for kept inputs (the numbers stay the same)",
     "architecture.training.num_workers": "processes reading batches (the numbers stay the same)",
     "distributed": "the launch: ranks, port and timeout",

@@ -94,6 +94,14 @@ class TrainerHypers:
         "holds up to N times as many, shared by atom count). For sets whose structures range from a few "
         "atoms to hundreds. null: batch_size structures per step.",
     )
+    validation_batch_size: Optional[int] = option(
+        None,
+        "Structures per batch (per rank) when the validation, test and monitored sets are evaluated. null: "
+        "twice the training batch (2 x batch_size structures, or packed to 2 x max_atoms_per_batch atoms). "
+        "Evaluation takes no derivatives of the forces with respect to the weights, so a structure needs less "
+        "memory than in a training step (about half with equivariant_mp), and larger batches spread the fixed "
+        "cost of each batch.",
+    )
     num_epochs: int = option(100, "Passes over the training set.")
     learning_rate: float = option(0.01, "Peak learning rate, reached after the warm-up.")
     optimizer: Literal["adam", "adamw"] = option("adam", "Optimiser.")
@@ -188,6 +196,12 @@ class TrainerHypers:
             ("cache_memory_mb", self.cache_memory_mb, self.cache_memory_mb >= 0, ">= 0"),
             ("num_workers", self.num_workers, _unset_or(self.num_workers, 0), ">= 0 or null"),
             ("max_atoms_per_batch", self.max_atoms_per_batch, _unset_or(self.max_atoms_per_batch, 1), ">= 1 or null"),
+            (
+                "validation_batch_size",
+                self.validation_batch_size,
+                _unset_or(self.validation_batch_size, 1),
+                ">= 1 or null",
+            ),
             ("ema_decay", self.ema_decay, self.ema_decay is None or 0 < self.ema_decay < 1, "in (0, 1) or null"),
             (
                 "early_stopping_patience",

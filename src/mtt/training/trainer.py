@@ -211,11 +211,15 @@ class Trainer:
         return share_by_atoms(indices, n_atoms, environment.rank, environment.world_size)
 
     def set_batches(self, structures: StructureSet) -> list[list[int]]:
-        """Batches of this rank's part of a set to evaluate, in order."""
+        """Batches of this rank's part of a set to evaluate, in order: ``validation_batch_size``
+        structures, or twice the training batch (see that option)."""
+        hypers = self.hypers
         mine = share(list(range(len(structures))), self.environment.rank, self.environment.world_size)
-        if self.hypers.max_atoms_per_batch is not None:
-            return packed_batches(mine, structures.n_atoms, self.hypers.max_atoms_per_batch)
-        return [[mine[i] for i in batch] for batch in batch_indices(len(mine), self.hypers.batch_size, None)]
+        size = hypers.validation_batch_size
+        if size is None and hypers.max_atoms_per_batch is not None:
+            return packed_batches(mine, structures.n_atoms, 2 * hypers.max_atoms_per_batch)
+        size = size or 2 * hypers.batch_size
+        return [[mine[i] for i in batch] for batch in batch_indices(len(mine), size, None)]
 
     def evaluate(
         self, model: torch.nn.Module, structures: StructureSet, loss: Loss | None, info: DatasetInfo | None = None
@@ -227,14 +231,15 @@ class Trainer:
         metrics = Metrics(terms)
         model.eval()
         hold = self.precomputed.hold if self.precomputed is not None and info is None else None
+        if info is None:
+            forces, stress = self.needs_forces, self.needs_stress
+        else:
+            forces = any(t.forces for t in info.targets.values())
+            stress = any(t.stress for t in info.targets.values())
         for read in self.loader(structures, model).batches(self.set_batches(structures), hold):
-            if info is None:
-                batch = self.batch(read)
-            else:
-                forces = any(t.forces for t in info.targets.values())
-                stress = any(t.stress for t in info.targets.values())
-                batch = make_batch(read, self.dtype, self.device, forces, stress)
-            with blame_architecture(self.architecture):
+            batch = self.batch(read) if info is None else make_batch(read, self.dtype, self.device, forces, stress)
+            # without derivatives to take, no graph at all: a batch needs only its activations
+            with torch.set_grad_enabled(forces or stress), blame_architecture(self.architecture):
                 predictions = predict(model, batch, info or self.info, create_graph=False)
             metrics.update(predictions, batch, loss)
         metrics.load_tensor(self.environment.all_reduce_sum(metrics.as_tensor()))
