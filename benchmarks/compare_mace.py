@@ -23,10 +23,12 @@ tools read those files:
 MACE is a small model, as measured in the issue: ``--hidden_irreps 32x0e+32x1o --r_max 5
 --batch_size 10 --default_dtype float32`` and its recommended two-stage schedule with EMA
 (``--swa --ema --ema_decay 0.99``), ``--E0s average`` (MACE needs some E0s), otherwise MACE's
-defaults. mtt trains the architecture of MTT_OPTIONS (``--mtt-architecture``, default
-equivariant_mp, with the model hyperparameters of ``--mtt-model-yaml``, a YAML mapping or a
-YAML file) with batch 10, float32 and the trainer's defaults. If mtt does not know the
-architecture, the script says so and measures MACE alone.
+defaults, but for ``--valid_batch_size 20``: mtt evaluates in batches of twice the training
+batch by default, and both tools validate in the same batches (MACE's default is 10).
+mtt trains the architecture of MTT_OPTIONS (``--mtt-architecture``, default equivariant_mp,
+with the model hyperparameters of ``--mtt-model-yaml``, a YAML mapping or a YAML file) with
+batch 10, float32 and the trainer's defaults. If mtt does not know the architecture, the
+script says so and measures MACE alone.
 
 Run r uses the seed 42 + r for both tools (the splits stay the same: the seed moves the initial
 weights and the order of the batches). The tools alternate (their order too, from one run to
@@ -174,6 +176,8 @@ MACE_ARGUMENTS = [
     "5.0",
     "--batch_size",
     "10",
+    "--valid_batch_size",
+    "20",
     "--default_dtype",
     "float32",
     "--device",
