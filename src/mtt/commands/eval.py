@@ -119,8 +119,7 @@ def _evaluate_dataset(
 ) -> None:
     info = model.info(periodic=structures.periodic())
     requests = model.requested_neighbor_lists()
-    needs_forces = any(t.forces for t in info.targets.values())
-    needs_stress = any(t.stress for t in info.targets.values())
+    needs_forces, needs_stress = info.needs_forces, info.needs_stress
     terms = terms_of(reference)
     metrics = Metrics(terms)
     pairs: dict[str, tuple[list, list]] = {t.label: ([], []) for t in terms}

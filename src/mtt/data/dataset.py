@@ -27,6 +27,16 @@ class DatasetInfo:
     targets: dict[str, TargetInfo]
     length_unit: str = "angstrom"
 
+    @property
+    def needs_forces(self) -> bool:
+        """Whether some target has forces: batches then take derivatives by the positions."""
+        return any(t.forces for t in self.targets.values())
+
+    @property
+    def needs_stress(self) -> bool:
+        """Whether some target has stress: batches then take derivatives by a strain."""
+        return any(t.stress for t in self.targets.values())
+
     def to_dict(self) -> dict:
         return {
             "atomic_types": list(self.atomic_types),

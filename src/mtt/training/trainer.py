@@ -84,8 +84,6 @@ class Trainer:
         self.dtype = dtype
         self.seed = seed
         self.terms = terms_of(info)
-        self.needs_forces = any(t.forces for t in info.targets.values())
-        self.needs_stress = any(t.stress for t in info.targets.values())
         self.precomputed: PrecomputedInputs | None = None
         self.loaders: dict[int, BatchLoader] = {}
         self._train_set = 0  # id of the training set
@@ -174,8 +172,8 @@ class Trainer:
             structures,
             self.dtype,
             self.device,
-            self.needs_forces,
-            self.needs_stress,
+            self.info.needs_forces,
+            self.info.needs_stress,
             keep=kept.keep if kept is not None else None,
         )
 
@@ -231,16 +229,13 @@ class Trainer:
         metrics = Metrics(terms)
         model.eval()
         hold = self.precomputed.hold if self.precomputed is not None and info is None else None
-        if info is None:
-            forces, stress = self.needs_forces, self.needs_stress
-        else:
-            forces = any(t.forces for t in info.targets.values())
-            stress = any(t.stress for t in info.targets.values())
+        set_info = info or self.info
+        forces, stress = set_info.needs_forces, set_info.needs_stress
         for read in self.loader(structures, model).batches(self.set_batches(structures), hold):
             batch = self.batch(read) if info is None else make_batch(read, self.dtype, self.device, forces, stress)
             # without derivatives to take, no graph at all: a batch needs only its activations
             with torch.set_grad_enabled(forces or stress), blame_architecture(self.architecture):
-                predictions = predict(model, batch, info or self.info, create_graph=False)
+                predictions = predict(model, batch, set_info, create_graph=False)
             metrics.update(predictions, batch, loss)
         metrics.load_tensor(self.environment.all_reduce_sum(metrics.as_tensor()))
         return metrics
@@ -320,7 +315,7 @@ class Trainer:
         main = self.environment.is_main
         self.precomputed = PrecomputedInputs(
             model,
-            self.needs_forces or self.needs_stress,
+            self.info.needs_forces or self.info.needs_stress,
             hypers.cache_memory_mb,
             lambda structure: flat_batch_of(structure, self.dtype, self.device),
         )
