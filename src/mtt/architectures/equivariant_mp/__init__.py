@@ -17,19 +17,14 @@ __training_defaults__ = {
     "final_stage": {"start_fraction": 0.875, "learning_rate": 0.001, "loss_weights": {}},
 }
 __target_kinds__ = ("scalar", "scalar per atom", "vector", "vector per atom")
-#: 2: the readout of vectors (``vector_readout``), empty in models without vector targets;
-#: 3: radial functions of the pair's elements (``element_radial``), off in older models
-__checkpoint_version__ = 3
+#: 2: the readout of vectors (``vector_readout``), empty in models without vector targets
+__checkpoint_version__ = 2
 
 
 def upgrade_checkpoint(state: dict, version: int) -> dict:
-    """Version 1 -> 2: models of version 1 have no vector target, hence an empty vector readout.
-    Version 2 -> 3: older models have one radial network for every pair of elements."""
+    """Version 1 -> 2: models of version 1 have no vector target, hence an empty vector readout."""
     import torch
 
-    if version == 2:
-        state["model_hypers"]["element_radial"] = False
-        return state
     channels = int(state["model_hypers"]["channels"])
     for key in ("model_state", "best_model_state"):
         weights = state.get(key)

@@ -28,11 +28,6 @@ class EquivariantMpHypers:
         3, "Body order of each layer's product minus one: products of up to this many one-particle functions."
     )
     num_radial: int = option(8, "Bessel functions of the radial basis.")
-    element_radial: bool = option(
-        True,
-        "Radial functions of the pair's elements too: the radial network's first layer has weights of its own "
-        "for each element, those of the pair's two atoms summed (false: one radial network for every pair).",
-    )
     envelope_exponent: int = option(5, "Exponent of the polynomial envelope that takes the radial basis to zero.")
     radial_mlp: list[int] = option([64, 64, 64], "Hidden layers of the network from the radial basis to the weights.")
     readout_hidden: int = option(16, "Hidden neurons of the last layer's readout (the other layers' are linear).")

@@ -53,8 +53,7 @@ class Layer(torch.nn.Module):
         self.readout = readout
         channels = hypers.channels
         self.up = EquivariantLinear(channels, channels, in_l)
-        radial_inputs = hypers.num_radial * (n_elements if hypers.element_radial else 1)
-        self.interaction = Interaction(in_l, hypers.max_l, channels, radial_inputs, hypers.radial_mlp)
+        self.interaction = Interaction(in_l, hypers.max_l, channels, hypers.num_radial, hypers.radial_mlp)
         self.product = SymmetricProduct(hypers.max_l, out_l, hypers.correlation, channels, n_elements)
         self.down = EquivariantLinear(channels, channels, out_l)
         skip_l = min(in_l, out_l)
@@ -102,7 +101,6 @@ class EquivariantMp(Model):
         parity = [(-1.0) ** l for l in range(hypers.max_l + 1) for _ in range(2 * l + 1)]
         self.register_buffer("harmonic_parity", torch.tensor(parity), persistent=False)
         self.radial_basis = BesselBasis(hypers.cutoff, hypers.num_radial, hypers.envelope_exponent)
-        self.element_radial = hypers.element_radial
         self.embedding = torch.nn.Parameter(torch.randn(n_elements, channels))
         n_targets = self.n_columns
         # vectors come from the last layer's l = 1 features, one column of weights per
@@ -145,8 +143,6 @@ class EquivariantMp(Model):
         half = self.harmonics(pairs.vectors / distances[:, None])
         harmonics = torch.cat([half, half * self.harmonic_parity.to(half.dtype)])
         radial_basis = self.radial_basis(distances)
-        if self.element_radial:
-            radial_basis = self.pair_elements(radial_basis, species[pairs.first], species[pairs.second])
         average_neighbors = self.average_neighbors.to(distances.dtype)
 
         features = self.embedding[species.index_select(0, order)][:, :, None]
@@ -162,19 +158,6 @@ class EquivariantMp(Model):
             for number, column in enumerate(self.vector_columns):
                 outputs[:, column : column + 3] = vectors[:, number]
         return outputs.index_select(0, position)
-
-    def pair_elements(self, basis: torch.Tensor, one: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        """The radial basis in the blocks of both atoms' elements, (pairs, elements x functions):
-        the first layer then takes the sum of both elements' weights, the same for either
-        direction of the pair. Scaled by sqrt(elements / 2) against the normalised first
-        layer's division by all its inputs, of which two blocks are set: the layer then
-        computes the same whatever the number of elements, as fine-tuning onto new elements
-        needs, and starts at the scale of the basis alone (a pair of one element at twice
-        its variance, its block set twice)."""
-        n_elements = self.embedding.shape[0]
-        pair = torch.nn.functional.one_hot(one, n_elements) + torch.nn.functional.one_hot(other, n_elements)
-        pair = pair.to(basis.dtype) * math.sqrt(n_elements / 2.0)
-        return (pair[:, :, None] * basis[:, None, :]).reshape(len(basis), -1)
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         return [self.neighbor_list]
@@ -206,10 +189,6 @@ class EquivariantMp(Model):
         elements = shared_indices(self.atomic_types, old.atomic_types)
         if name == "embedding" or name.endswith((".skip.weights", ".product.weights")):
             return [(0, elements)]
-        if self.element_radial and name.endswith(".interaction.radial.weights.0"):
-            # rows: one block of the radial basis per element
-            functions = self.radial_basis.frequencies.shape[0]
-            return [(0, [(a * functions + k, b * functions + k) for a, b in elements for k in range(functions)])]
         if name == "vector_readout":
             mine = {column: k for k, column in enumerate(self.vector_columns)}
             theirs = {column: k for k, column in enumerate(old.vector_columns)}
