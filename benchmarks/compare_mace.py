@@ -87,7 +87,6 @@ This is a benchmark, not a test: nothing here asserts timings.
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import os
@@ -96,7 +95,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from datetime import datetime
 from pathlib import Path
@@ -106,23 +104,25 @@ import ase.io
 import numpy as np
 import yaml
 from ase import units
+from harness import (
+    BENCH,
+    DATA,
+    ROOT,
+    TORCH,
+    alternate,
+    ase_md_rates,
+    epoch_times,
+    in_mev,
+    markdown_table,
+    mtt_train,
+    run_folder,
+    spread,
+    test_errors,
+    test_line,
+    timed_run,
+    tool_venv,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _data_folder() -> Path:
-    """shared/data beside the checkout, or beside the main checkout of a git worktree."""
-    common = subprocess.run(
-        ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    candidates = [ROOT.parent / "shared" / "data"] + (
-        [Path(common).parent.parent / "shared" / "data"] if common else []
-    )
-    return next((c for c in candidates if c.is_dir()), candidates[0])
-
-
-DATA = _data_folder()
-BENCH = ROOT / ".bench"
 VENV = BENCH / "mace"
 WORK = BENCH / "compare_mace"
 MACE = "mace-torch==0.3.16"
@@ -195,11 +195,6 @@ MACE_ARGUMENTS = [
 ]
 MACE_MODEL = "mace_stagetwo.model"  # the model after stage two, which MACE recommends
 
-MEMORY = (
-    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]).returncode; "
-    "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)"
-)
-
 # the parameters of a trained model, run in the tool's environment with the model's path
 MTT_PARAMETERS = (
     "import sys; from mtt.export import model_from_state; from mtt.training.state import TrainingState; "
@@ -211,21 +206,14 @@ MACE_PARAMETERS = (
     "print(sum(p.numel() for p in model.parameters()))"
 )
 
+# the MD of one tool's exported model (harness.MD_RATE) on each system file in turn
 MD = """
-import time, ase.io, numpy as np
-from ase import units
-from ase.md.verlet import VelocityVerlet
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 {calculator}
-for path, steps in {systems!r}:
-    atoms = ase.io.read(path)
-    atoms.calc = calculator()
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
-    dynamics = VelocityVerlet(atoms, timestep=0.5 * units.fs)
-    dynamics.run(10)
-    start = time.perf_counter()
-    dynamics.run(steps)
-    print("RATE", len(atoms), steps / (time.perf_counter() - start))
+def systems():
+    for path, steps in {systems!r}:
+        atoms = ase.io.read(path)
+        atoms.calc = calculator()
+        yield atoms, steps
 """
 CALCULATORS = {
     "mtt": "from metatomic_ase import MetatomicCalculator\n"
@@ -266,13 +254,7 @@ class ArchitectureMissing(Exception):
 
 
 def setup_mace() -> None:
-    if (VENV / "bin" / "mace_run_train").exists():
-        return
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run(pip + ["--upgrade", "pip"], check=True)
-    subprocess.run(pip + ["torch==2.13.0"], check=True)  # first: the CPU build, not CUDA's
-    subprocess.run(pip + [MACE], check=True)
+    tool_venv(VENV, "mace_run_train", [TORCH], [MACE])  # torch first: the CPU build, not CUDA's
 
 
 def _labelled(atoms: ase.Atoms, factor: float) -> ase.Atoms:
@@ -378,39 +360,35 @@ def mace_command(files: dict[str, Path], seed: int, epochs: int) -> list[str]:
 
 def _timed_run(command: list[str], folder: Path) -> tuple[str, float, float, int]:
     """Run a training under the memory wrapper: (output, wall s, peak MB, exit status)."""
-    started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", MEMORY, *command], cwd=folder, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    peak = re.search(r"PEAK (\d+)", result.stderr)
-    peak_mb = int(peak.group(1)) / 1024 if peak else float("nan")
+    result, wall, peak_mb = timed_run(command, folder)
     return result.stdout + result.stderr, wall, peak_mb, result.returncode
 
 
-def _in_mev(value: str, unit: str) -> float:
-    unit = unit.split("/")[0]
-    return float(value) * {"meV": 1.0, "eV": 1000.0}[unit]
+def _parameters(python: str, script: str, model: Path | str, folder: Path | None = None) -> int:
+    """The parameter count of a trained model, from ``script`` run in the tool's environment."""
+    output = subprocess.run(
+        [python, "-c", script, str(model)], cwd=folder, capture_output=True, text=True, check=True
+    ).stdout
+    return int(output.split()[-1])
 
 
-def _epoch_figures(epoch_times: list[float], n_train: int, wall: float) -> dict:
+def _epoch_figures(times: list[float], n_train: int, wall: float) -> dict:
     """Mean of epochs 2 to N (of the only one if N is 1), throughput and fixed cost."""
-    later = epoch_times[1:] or epoch_times
+    later = times[1:] or times
     per_epoch = statistics.fmean(later)
-    return {"s/epoch": per_epoch, "structures/s": n_train / per_epoch, "fixed s": wall - per_epoch * len(epoch_times)}
+    return {"s/epoch": per_epoch, "structures/s": n_train / per_epoch, "fixed s": wall - per_epoch * len(times)}
 
 
 def train_mtt(files, seed, epochs, options: str, folder: Path, n_train: int) -> dict:
     (folder / "options.yaml").write_text(options)
-    text, wall, peak_mb, status = _timed_run([sys.executable, "-m", "mtt", "train", "options.yaml"], folder)
+    text, wall, peak_mb, status = _timed_run(mtt_train(), folder)
     (folder / "output.txt").write_text(text)
     if status != 0:
         if "unknown architecture" in text:
             raise ArchitectureMissing(next(line for line in text.splitlines() if "unknown architecture" in line))
         raise SystemExit(f"mtt failed (see {folder / 'output.txt'}):\n{text[-3000:]}")
-    run = next(folder.glob("outputs/*/*/metrics.csv")).parent
-    with open(run / "metrics.csv") as handle:
-        epoch_times = [float(row["time [s]"]) for row in csv.DictReader(handle)]
-    # train.log: the terminal shows the test errors in its summary table
-    test = next(line for line in (run / "train.log").read_text().splitlines() if "test set (" in line)
+    run = run_folder(folder)
+    errors = test_errors(test_line(run))  # train.log: the terminal shows them in its summary table
     figures = {}
     for name, key in (
         ("test E RMSE meV/atom", "energy per atom rmse"),
@@ -418,14 +396,10 @@ def train_mtt(files, seed, epochs, options: str, folder: Path, n_train: int) -> 
         ("test F RMSE meV/A", "forces rmse"),
         ("test F MAE meV/A", "forces mae"),
     ):
-        found = re.search(key + r" ([-\d.e+]+) (\S+?)(?:,|$)", test)
-        figures[name] = _in_mev(*found.groups())
-    parameters = subprocess.run(
-        [sys.executable, "-c", MTT_PARAMETERS, str(run / "model.ckpt")], capture_output=True, text=True, check=True
-    ).stdout
-    figures |= _epoch_figures(epoch_times, n_train, wall) | {
+        figures[name] = in_mev(*errors[key])
+    figures |= _epoch_figures(epoch_times(run), n_train, wall) | {
         "peak MB": peak_mb,
-        "parameters": int(parameters.split()[-1]),
+        "parameters": _parameters(sys.executable, MTT_PARAMETERS, run / "model.ckpt"),
     }
     return figures
 
@@ -460,9 +434,9 @@ def train_mace(files, seed, epochs, command: list[str], folder: Path, n_train: i
     # "Epoch k: ..." at the end of each epoch (training, validation and checkpoint)
     stamps = re.findall(r"^(\S+ \S+) INFO: (?:Initial|Epoch \d+): head", text, re.M)
     times = [datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f") for s in stamps]
-    epoch_times = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
-    if len(epoch_times) != epochs:
-        raise SystemExit(f"MACE logged {len(epoch_times)} epochs, not {epochs} (see {folder / 'output.txt'})")
+    epochs_s = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    if len(epochs_s) != epochs:
+        raise SystemExit(f"MACE logged {len(epochs_s)} epochs, not {epochs} (see {folder / 'output.txt'})")
     subprocess.run(
         [
             str(VENV / "bin" / "mace_eval_configs"),
@@ -490,16 +464,9 @@ def train_mace(files, seed, epochs, command: list[str], folder: Path, n_train: i
                 f"  warning: MACE's test {name} RMSE is {logged} in its log, {ours:.3f} from its predictions",
                 file=sys.stderr,
             )
-    parameters = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", MACE_PARAMETERS, MACE_MODEL],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    figures |= _epoch_figures(epoch_times, n_train, wall) | {
+    figures |= _epoch_figures(epochs_s, n_train, wall) | {
         "peak MB": peak_mb,
-        "parameters": int(parameters.split()[-1]),
+        "parameters": _parameters(str(VENV / "bin" / "python"), MACE_PARAMETERS, MACE_MODEL, folder),
         "log test E RMSE meV/atom": log_energy,
         "log test F RMSE meV/A": log_forces,
     }
@@ -549,16 +516,8 @@ def run_training(tool: str, split: str, files, seed: int, epochs: int, args) -> 
 def md_rates(tool: str, folder: Path, systems: list[tuple[str, int]], environment: dict[str, str]) -> list[float]:
     """Steps/s of the tool's exported model on each MD system, in one process with ``environment`` added."""
     python = sys.executable if tool == "mtt" else str(VENV / "bin" / "python")
-    script = MD.format(calculator=CALCULATORS[tool], systems=systems)
-    output = subprocess.run(
-        [python, "-c", textwrap.dedent(script)],
-        cwd=folder,
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **environment},
-    ).stdout
-    return [float(line.split()[2]) for line in output.splitlines() if line.startswith("RATE")]
+    setup = MD.format(calculator=CALCULATORS[tool], systems=systems)
+    return ase_md_rates(setup, warmup=10, python=python, cwd=folder, env={**os.environ, **environment})
 
 
 def run_md(folders: dict[str, Path], md_systems: list[tuple[str, int]], args) -> tuple[dict, dict]:
@@ -581,7 +540,7 @@ def run_md(folders: dict[str, Path], md_systems: list[tuple[str, int]], args) ->
         if todo:
             warn_if_busy("MD" + suffix)
         for round_ in range(args.md_rounds):
-            for tool in todo if round_ % 2 == 0 else todo[::-1]:
+            for tool in alternate(todo, round_):
                 started = time.perf_counter()
                 for (_, atoms), rate in zip(md_systems, md_rates(tool, folders[tool], steps, environment)):
                     mine[tool][f"MD {atoms} atoms steps/s{suffix}"].append(rate)
@@ -609,7 +568,7 @@ def _cell(values: list[float]) -> str:
     if not values:
         return "-"
     digits = 0 if statistics.median(values) >= 1000 else 1 if statistics.median(values) >= 100 else 3
-    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+    return spread(values, f"{{:.{digits}f}}".format, "-")
 
 
 def print_table(results: dict, splits: list[str], epochs: dict, args) -> None:
@@ -619,15 +578,15 @@ def print_table(results: dict, splits: list[str], epochs: dict, args) -> None:
         + ", ".join(f"{split} {epochs[split]}" for split in splits)
         + "\n"
     )
-    print("| split | figure | mtt | MACE | mtt/MACE |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    rows = []
     for split in splits:
         for name in FIGURES:
             ours, theirs = results.get((split, name, "mtt"), []), results.get((split, name, "mace"), [])
             if not ours and not theirs:
                 continue
             ratio = f"{statistics.median(ours) / statistics.median(theirs):.2f}" if ours and theirs else "-"
-            print(f"| {split} | {name} | {_cell(ours)} | {_cell(theirs)} | {ratio} |")
+            rows.append([split, name, _cell(ours), _cell(theirs), ratio])
+    print(markdown_table(["split", "figure", "mtt", "MACE", "mtt/MACE"], rows, align="llrrr"))
 
 
 def main() -> None:
@@ -665,7 +624,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for split in args.splits:
             folders = {}
-            for tool in list(tools) if repeat % 2 == 0 else tools[::-1]:  # alternate, and the order too
+            for tool in alternate(tools, repeat):  # alternate, and the order too
                 started = time.perf_counter()
                 try:
                     figures, folders[tool], cached = run_training(

@@ -23,30 +23,33 @@ how far accuracy moves from seed to seed with only 10 test structures.
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-VENV = ROOT / ".bench" / "metatrain"
+from harness import (
+    BENCH,
+    DATA,
+    TORCH,
+    alternate,
+    ase_md_rates,
+    epoch_times,
+    in_mev,
+    mtt_train,
+    run_folder,
+    spread,
+    test_errors,
+    test_line,
+    timed_run,
+    tool_venv,
+)
+
+VENV = BENCH / "metatrain"
 METATRAIN = "metatrain[soap-bpnn]==2026.4.1"
-
-# metatrain prints errors in the unit it finds readable; to meV (and meV/Å)
-MEV = {"mev": 1.0, "ev": 1000.0, "kcal/mol": 43.364104, "hartree": 27211.386}
-
-
-def _in_mev(match) -> float:
-    value, unit = float(match.group(1)), match.group(2).lower()
-    for suffix in ("/a", "/å", "/angstrom"):
-        unit = unit.removesuffix(suffix)
-    return value * MEV[unit]
 
 
 DATASETS = {
@@ -89,27 +92,15 @@ METATRAIN_MS = (
     "sys.argv[0] = 'mtt'; sys.exit(main())"
 )
 
-MEMORY = (
-    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]).returncode; "
-    "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r)"
-)
-
+# the MD of one exported model (harness.MD_RATE): the first frame of the structure, repeated
 MD = """
-import time, ase.io, numpy as np
 {preamble}
-from ase import units
-from ase.md.verlet import VelocityVerlet
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from metatomic_ase import MetatomicCalculator
-atoms = ase.io.read({structure!r}, "0")
-atoms = atoms.repeat({repeat})
-atoms.calc = MetatomicCalculator("model.pt", extensions_directory="extensions")
-MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
-dynamics = VelocityVerlet(atoms, timestep=0.5 * units.fs)
-dynamics.run(10)
-start = time.perf_counter()
-dynamics.run({steps})
-print(len(atoms), {steps} / (time.perf_counter() - start))
+def systems():
+    atoms = ase.io.read({structure!r}, "0")
+    atoms = atoms.repeat({repeat})
+    atoms.calc = MetatomicCalculator("model.pt", extensions_directory="extensions")
+    yield atoms, {steps}
 """
 
 
@@ -147,43 +138,28 @@ AtomisticModel(PairSum().eval(), ModelMetadata(), capabilities).save("model.pt")
 """
 
 
-def setup_metatrain() -> None:
-    if (VENV / "bin" / "mtt").exists():
-        return
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run(pip + ["--upgrade", "pip"], check=True)
-    subprocess.run(pip + ["torch==2.13.0", METATRAIN, "metatomic-ase"], check=True)
-
-
 def run_tool(tool: str, dataset: str, epochs: int, seed: int, folder: Path) -> dict:
     file, unit, derivatives = DATASETS[dataset]
     key = "U0" if dataset == "qm9" else "energy"
     (folder / "options.yaml").write_text(
         OPTIONS.format(epochs=epochs, seed=seed, file=DATA / file, key=key, unit=unit, derivatives=derivatives)
     )
-    command = [sys.executable, "-m", "mtt"] if tool == "mtt" else [str(VENV / "bin" / "python"), "-c", METATRAIN_MS]
-    started = datetime.now()
-    result = subprocess.run(
-        [sys.executable, "-c", MEMORY, *command, "train", "options.yaml"], cwd=folder, capture_output=True, text=True
-    )
-    total = (datetime.now() - started).total_seconds()
+    if tool == "mtt":
+        command = mtt_train()
+    else:
+        command = [str(VENV / "bin" / "python"), "-c", METATRAIN_MS, "train", "options.yaml"]
+    result, total, peak_mb = timed_run(command, folder)
     if result.returncode != 0:
         raise SystemExit(f"{tool} failed on {dataset}:\n{result.stderr[-3000:]}")
-    peak_mb = int(re.search(r"PEAK (\d+)", result.stderr).group(1)) / 1024
     text = result.stdout + result.stderr
     if tool == "mtt":
-        run = next(folder.glob("outputs/*/*/metrics.csv")).parent
-        text += (run / "train.log").read_text()
-        with open(run / "metrics.csv") as csv_file:
-            epoch_times = [float(row["time [s]"]) for row in csv.DictReader(csv_file)]
+        run = run_folder(folder)
         # epochs 2 to N, as metatrain's figure below: the span of its epoch lines starts
         # when its first epoch is done (the first epoch's extra work counts as fixed cost)
-        per_epoch = statistics.fmean(epoch_times[1:])
-        test = next(line for line in text.splitlines() if "test set" in line)
-        energy = float(re.search(r"energy per atom rmse ([\d.]+)", test).group(1))
-        forces = re.search(r"forces rmse ([\d.]+)", test)
-        forces = float(forces.group(1)) if forces else None
+        per_epoch = statistics.fmean(epoch_times(run)[1:])
+        errors = test_errors(test_line(run))  # in meV, as mtt shows energies
+        energy = errors["energy per atom rmse"][0]
+        forces = errors["forces rmse"][0] if "forces rmse" in errors else None
     else:
         text += "".join(p.read_text() for p in folder.glob("outputs/*/*/train.log"))
         # the mean epoch time over the span of the epoch lines (stamped to the millisecond),
@@ -192,9 +168,10 @@ def run_tool(tool: str, dataset: str, epochs: int, seed: int, folder: Path) -> d
         times = [datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f") for s in stamps]
         per_epoch = (times[-1] - times[0]).total_seconds() / (len(times) - 1)
         test = text[text.rindex("Evaluating test dataset") :]
-        energy = _in_mev(re.search(r"energy RMSE \(per atom\): ([\d.e+-]+) (\S+)", test))
+        # metatrain prints errors in the unit it finds readable; to meV (and meV/Å)
+        energy = in_mev(*re.search(r"energy RMSE \(per atom\): ([\d.e+-]+) (\S+)", test).groups())
         forces = re.search(r"(?:forces|energy_positions_gradients) RMSE: ([\d.e+-]+) (\S+)", test)
-        forces = _in_mev(forces) if forces and dataset != "qm9" else None
+        forces = in_mev(*forces.groups()) if forces and dataset != "qm9" else None
     return {
         "s/epoch": per_epoch,
         "structures/s": 90 / per_epoch,
@@ -209,11 +186,8 @@ def md_rate(tool: str, folder: Path, structure: Path, repeat: tuple, steps: int)
     python = str(VENV / "bin" / "python") if tool == "metatrain" else sys.executable  # mtt, floor
     # metatrain's SOAP-BPNN registers its spherical-harmonics gradients from Python only
     preamble = "import sphericart.torch" if tool == "metatrain" else ""
-    script = MD.format(preamble=preamble, structure=str(structure), repeat=repeat, steps=steps)
-    output = subprocess.run(
-        [python, "-c", textwrap.dedent(script)], cwd=folder, check=True, capture_output=True, text=True
-    ).stdout.split()
-    return float(output[-1])
+    setup = MD.format(preamble=preamble, structure=str(structure), repeat=repeat, steps=steps)
+    return ase_md_rates(setup, warmup=10, python=python, cwd=folder)[-1]
 
 
 def main() -> None:
@@ -226,7 +200,7 @@ def main() -> None:
         "--md-rounds", type=int, default=3, help="MD runs of each tool's model per training run, the tools alternating"
     )
     args = parser.parse_args()
-    setup_metatrain()
+    tool_venv(VENV, "mtt", [TORCH, METATRAIN, "metatomic-ase"])
     # MD after each training: ethanol as is, the 4-atom carbon cell repeated to 100 atoms
     md_systems = {
         "ethanol": ("MD ethanol steps/s", (1, 1, 1), args.md_steps),
@@ -254,8 +228,7 @@ def main() -> None:
                     name, repeat_cell, steps = md_systems[dataset]
                     folders["floor"] = floor
                     for round_ in range(args.md_rounds):
-                        order = ("mtt", "metatrain", "floor") if round_ % 2 == 0 else ("floor", "metatrain", "mtt")
-                        for tool in order:
+                        for tool in alternate(("mtt", "metatrain", "floor"), round_):
                             rate = md_rate(tool, folders[tool], DATA / DATASETS[dataset][0], repeat_cell, steps)
                             results.setdefault((dataset, name, tool), []).append(rate)
 
@@ -270,15 +243,15 @@ def main() -> None:
             ours, theirs = results[(dataset, name, "mtt")], results[(dataset, name, "metatrain")]
             if None in ours or None in theirs:
                 continue
-            cells = [f"{statistics.median(v):9.3f} [{min(v):.3f}-{max(v):.3f}]" for v in (ours, theirs)]
+            cells = [spread(v, "{:.3f}".format, "-") for v in (ours, theirs)]
             ratio = statistics.median(ours) / statistics.median(theirs)
             print(f"{dataset:8s} {name:28s} {cells[0]:>24s} {cells[1]:>24s} {ratio:14.2f}")
     for (dataset, name, tool), rates in results.items():
         if tool == "floor":  # what a model that costs nothing would reach
             ceiling = statistics.median(rates) / statistics.median(results[(dataset, name, "metatrain")])
             print(
-                f"{dataset:8s} {name + ', floor':28s} {statistics.median(rates):9.3f} [{min(rates):.3f}-"
-                f"{max(rates):.3f}]{'':>25s} {ceiling:14.2f}   (a model that computes nothing)"
+                f"{dataset:8s} {name + ', floor':28s} {spread(rates, '{:.3f}'.format, '-'):>24s}{'':>25s} "
+                f"{ceiling:14.2f}   (a model that computes nothing)"
             )
 
 

@@ -11,44 +11,28 @@ one core, so ideal scaling is 2x.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from run_folder import peak_memory_mb, run_folder, seconds_per_epoch
+from harness import EMT, EMT_TARGETS, median_min_max, mtt_train, peak_memory_mb, run_folder, seconds_per_epoch
 
-EMT = Path(__file__).resolve().parents[1] / "examples" / "data" / "emt_metals.xyz"
 OPTIONS = """
 seed: 2
 architecture: {{name: soap_bpnn, training: {{num_epochs: {epochs}, batch_size: {batch}}}}}
 training_set:
   systems: {data}
   targets:
-    energy: {{key: energy, unit: eV, forces: on, stress: on}}
+    energy: {targets}
 """
 
 
 def run(ranks: int, epochs: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "options.yaml").write_text(OPTIONS.format(epochs=epochs, batch=16 // ranks, data=EMT))
-        if ranks == 1:
-            command = [sys.executable, "-m", "mtt", "train", "options.yaml"]
-        else:
-            command = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                str(ranks),
-                "-m",
-                "mtt",
-                "train",
-                "options.yaml",
-                "distributed=true",
-            ]
-        subprocess.run(command, cwd=folder, check=True, capture_output=True)
+        options = OPTIONS.format(epochs=epochs, batch=16 // ranks, data=EMT, targets=EMT_TARGETS)
+        (Path(folder) / "options.yaml").write_text(options)
+        # one process, or torchrun at its default port
+        subprocess.run(mtt_train(ranks=None if ranks == 1 else ranks), cwd=folder, check=True, capture_output=True)
         folder = run_folder(Path(folder))
         return seconds_per_epoch(folder), peak_memory_mb(folder)
 
@@ -65,11 +49,11 @@ def main() -> None:
             seconds, peak = run(ranks, args.epochs)
             times[ranks].append(seconds)
             peaks[ranks].append(peak)
-    one = statistics.median(times[1])
+    one = median_min_max(times[1])[0]
     for ranks, values in times.items():
-        median = statistics.median(values)
+        median, low, high = median_min_max(values)
         print(
-            f"{ranks} rank(s): {median:.3f} s/epoch (min {min(values):.3f}, max {max(values):.3f}), "
+            f"{ranks} rank(s): {median:.3f} s/epoch (min {low:.3f}, max {high:.3f}), "
             f"speed-up {one / median:.2f}x, efficiency {one / median / ranks:.0%}, "
             f"peak memory per rank {max(peaks[ranks]):.0f} MB"
         )

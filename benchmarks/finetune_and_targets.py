@@ -24,10 +24,9 @@ from pathlib import Path
 import ase.io
 import numpy as np
 import torch
+from harness import BENCH, DATA
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
-WORK = ROOT / ".bench" / "finetune_and_targets"
+WORK = BENCH / "finetune_and_targets"
 SOAP = "name: soap_bpnn\n  model:\n    soap: {max_radial: 6, max_angular: 4}"
 MP = "name: equivariant_mp\n  model: {channels: 16, max_l: 2, hidden_l: 1, correlation: 2, num_layers: 2}"
 
@@ -76,7 +75,7 @@ def main() -> None:
     arguments = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    frames = ase.io.read(SHARED / "ethanol_xtb_2000.xyz", ":")
+    frames = ase.io.read(DATA / "ethanol_xtb_2000.xyz", ":")
     # the four trajectories, interleaved: a fine-tuning set drawn from all of them
     chosen = [frames[i] for i in np.random.default_rng(0).choice(len(frames), arguments.structures, replace=False)]
     xtb = WORK / "xtb.xyz"
@@ -96,7 +95,7 @@ def finetuning(arguments: argparse.Namespace, xtb: Path, training: str) -> list[
     lines = []
 
     dft = "    energy: {key: energy, unit: kcal/mol, forces: on}\n"  # rMD17's units
-    stdout = run(WORK / "dft", options(SOAP, training, SHARED / "ethanol_reduced_100.xyz", dft))
+    stdout = run(WORK / "dft", options(SOAP, training, DATA / "ethanol_reduced_100.xyz", dft))
     checkpoint = next((WORK / "dft").glob("outputs/*/*/model.ckpt"))
     lines += [f"## 1. DFT ethanol model fine-tuned on {arguments.structures} GFN2-xTB structures", ""]
     lines += [f"DFT model, test: {test_errors(stdout)}", ""]

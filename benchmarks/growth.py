@@ -16,17 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from run_folder import peak_memory_mb, run_folder, seconds_per_epoch
+from harness import EMT_GENERATOR, EMT_TARGETS, mtt_train, peak_memory_mb, run_folder, seconds_per_epoch
 
-ROOT = Path(__file__).resolve().parents[1]
-GENERATOR = ROOT / "examples" / "data" / "generate_emt_dataset.py"
 OPTIONS = """
 seed: 0
 architecture: {{name: soap_bpnn, training: {{num_epochs: {epochs}, batch_size: 16, cache_memory_mb: {cache}}}}}
 training_set:
   systems: {data}
   targets:
-    energy: {{key: energy, unit: eV, forces: on, stress: on}}
+    energy: {targets}
 validation_set: 0.05
 test_set: 0.05
 """
@@ -47,17 +45,15 @@ def main() -> None:
             folder.mkdir()
             data = folder / "emt.xyz"
             subprocess.run(
-                [sys.executable, str(GENERATOR), "--n-structures", str(size), "--output", str(data)],
+                [sys.executable, str(EMT_GENERATOR), "--n-structures", str(size), "--output", str(data)],
                 check=True,
                 capture_output=True,
             )
             (folder / "options.yaml").write_text(
-                OPTIONS.format(epochs=args.epochs, data=data, cache=args.cache_memory_mb)
+                OPTIONS.format(epochs=args.epochs, data=data, cache=args.cache_memory_mb, targets=EMT_TARGETS)
             )
             start = time.monotonic()
-            subprocess.run(
-                [sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=folder, check=True, capture_output=True
-            )
+            subprocess.run(mtt_train(), cwd=folder, check=True, capture_output=True)
             total = time.monotonic() - start
             run = run_folder(folder)
             per_epoch = seconds_per_epoch(run)

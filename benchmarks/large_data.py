@@ -47,14 +47,11 @@ minutes. Results: printed, and written to ``.bench/large_data/results.md`` and
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,12 +66,13 @@ from ase.build import bulk
 from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.stress import full_3x3_to_voigt_6_stress
+from harness import BENCH, EMT_TARGETS, alternate, epoch_times, free_port, markdown_table, median_min_max, mtt_train
+from harness import spread as median_range
 
 from mtt.data.convert import write_dataset
 from mtt.data.readers import TargetInfo
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / ".bench" / "large_data"
+OUT = BENCH / "large_data"
 GENERATOR_VERSION = 1  # in the cached datasets' names: change it when the generator changes
 SEED = 12345
 POOL_SIZE = 2000
@@ -99,7 +97,7 @@ TARGET = TargetInfo(name="energy", quantity="energy", unit="eV", forces=True, st
 DATASET_BLOCK = """\
 systems: {path}
 targets:
-  energy: {{key: energy, unit: eV, forces: on, stress: on}}
+  energy: {targets}
 """
 OPTIONS = """\
 seed: 0
@@ -117,28 +115,20 @@ MTT = [sys.executable, "-m", "mtt"]
 
 # -- statistics and tables ------------------------------------------------------------------
 def spread(values: list[float], digits: int = 1) -> str:
-    """``median [min, max]`` of the values, or a dash when there are none."""
+    """``median [min, max]`` of the values, the value alone when there is one, or a dash when there are none."""
     values = [v for v in values if v is not None]
-    if not values:
-        return "-"
     if len(values) == 1:
         return f"{values[0]:,.{digits}f}"
-    return f"{statistics.median(values):,.{digits}f} [{min(values):,.{digits}f}, {max(values):,.{digits}f}]"
+    return median_range(values, f"{{:,.{digits}f}}".format)
 
 
 def median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+    found = median_min_max(values)
+    return found[0] if found else None
 
 
 def ratio(value: float | None, reference: float | None) -> str:
     return f"{value / reference:.2f}" if value is not None and reference else "-"
-
-
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 @dataclass
@@ -369,7 +359,7 @@ def xyz_of(n: int) -> Path:
 
 def convert_once(xyz: Path, work: Path) -> dict:
     """`mtt data convert` of ``xyz``: its wall time, and what it says of itself."""
-    (work / "dataset.yaml").write_text(DATASET_BLOCK.format(path=xyz))
+    (work / "dataset.yaml").write_text(DATASET_BLOCK.format(path=xyz, targets=EMT_TARGETS))
     output = work / "converted.mttdata"
     shutil.rmtree(output, ignore_errors=True)
     started = time.perf_counter()
@@ -414,8 +404,7 @@ def part_convert(n: int, runs: int, report: Report) -> None:
     with tempfile.TemporaryDirectory(dir=OUT) as work:
         work = Path(work)
         for run in range(runs):
-            order = ("convert", "ase") if run % 2 == 0 else ("ase", "convert")
-            for what in order:
+            for what in alternate(("convert", "ase"), run):
                 if what == "convert":
                     done = convert_once(xyz, work)
                     figures["wall_s"].append(done["wall_s"])
@@ -563,14 +552,14 @@ def options_text(training_set: str, epochs: int, validation: float, batch: int =
 
 def xyz_training_set(xyz: Path) -> str:
     """The training_set block of an extended XYZ file, inline."""
-    return "{systems: %s, targets: {energy: {key: energy, unit: eV, forces: on, stress: on}}}" % xyz
+    return f"{{systems: {xyz}, targets: {{energy: {EMT_TARGETS}}}}}"
 
 
 def startup_run(n: int, after_first_step: float, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(dir=OUT) as work:
         work = Path(work)
         (work / "options.yaml").write_text(options_text(str(dataset_path(n)), epochs=1, validation=0.01))
-        result = watch_training(work, [*MTT, "train", "options.yaml"], after_first_step, timeout)
+        result = watch_training(work, mtt_train(), after_first_step, timeout)
     if result["first_step_s"] is None or result["returncode"] not in (0, 75):
         print(
             f"\n!! mtt train on {n:,} structures: exit status {result['returncode']}, first step "
@@ -583,7 +572,7 @@ def startup_run(n: int, after_first_step: float, timeout: float) -> dict:
 def part_startup(sizes: list[int], runs: int, after_first_step: float, timeout: float, report: Report) -> None:
     results: dict[int, list[dict]] = {n: [] for n in sizes}
     for run in range(runs):
-        for n in sizes if run % 2 == 0 else sizes[::-1]:  # alternate
+        for n in alternate(sizes, run):
             progress(f"start-up run {run + 1} of {runs}: {n:,} structures")
             result = startup_run(n, after_first_step, timeout)
             results[n].append(result)
@@ -640,7 +629,7 @@ def part_startup(sizes: list[int], runs: int, after_first_step: float, timeout: 
 def epochs_of(work: Path) -> dict:
     """Epoch times from metrics.csv, set sizes and the data-loading line from train.log."""
     folder = train_log(work).parent
-    times = [float(row["time [s]"]) for row in csv.DictReader(open(folder / "metrics.csv"))]
+    times = epoch_times(folder)
     text = (folder / "train.log").read_text()
     sizes = re.search(r"(\d+) training, (\d+) validation, (\d+) test structures", text)
     loading = re.search(r"data loading: (.*)", text)
@@ -667,7 +656,7 @@ def throughput_run(kind: str, n: int, budget: str, epochs: int = 2) -> dict:
         text = options_text(training_set, epochs=epochs, validation=0.05, extra=BUDGETS[budget])
         (work / "options.yaml").write_text(text)
         started = time.perf_counter()
-        result = subprocess.run([*MTT, "train", "options.yaml"], cwd=work, capture_output=True, text=True)
+        result = subprocess.run(mtt_train(), cwd=work, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if result.returncode != 0:
             raise SystemExit(f"mtt train ({kind}, {n:,}) failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -684,7 +673,7 @@ def part_throughput(n: int, runs: int, report: Report) -> None:
     results: dict[str, dict[str, list[dict]]] = {budget: {kind: [] for kind in kinds} for budget in BUDGETS}
     for run in range(runs):
         for budget in BUDGETS:
-            for kind in kinds if run % 2 == 0 else kinds[::-1]:
+            for kind in alternate(kinds, run):
                 progress(f"throughput run {run + 1} of {runs}, {budget}: {kind}")
                 results[budget][kind].append(throughput_run(kind, n, budget))
                 rates = results[budget][kind][-1]["rates"]
@@ -726,33 +715,13 @@ def part_throughput(n: int, runs: int, report: Report) -> None:
 
 
 # -- 5. two ranks --------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def part_ranks(n: int, report: Report) -> None:
     progress(f"two ranks on {n:,} structures")
     with tempfile.TemporaryDirectory(dir=OUT) as work:
         work = Path(work)
         (work / "options.yaml").write_text(options_text(str(dataset_path(n)), epochs=1, validation=0.01, batch=8))
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "mtt",
-            "train",
-            "options.yaml",
-            "distributed=true",
-        ]
         started = time.perf_counter()
-        result = subprocess.run(command, cwd=work, capture_output=True, text=True)
+        result = subprocess.run(mtt_train(ranks=2, port=free_port()), cwd=work, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if result.returncode != 0:
             raise SystemExit(f"torchrun with 2 ranks failed ({result.returncode}):\n{result.stderr[-3000:]}")

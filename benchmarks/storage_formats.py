@@ -29,7 +29,6 @@ import argparse
 import multiprocessing as mp
 import os
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ import h5py
 import lmdb
 import numpy as np
 import zarr
+from harness import markdown_table, spread
 
 # name: (dtype, shape of one row); per-atom arrays are concatenated over all structures
 PER_ATOM = {"types": (np.int32, ()), "positions": (np.float64, (3,)), "forces": (np.float64, (3,))}
@@ -564,7 +564,7 @@ def cell(values: list) -> str:
     failures = [v for v in values if isinstance(v, str)]
     if failures:
         return f"failed in {len(failures)}/{len(values)} rounds: {failures[0]}"
-    return f"{number(statistics.median(values))} [{number(min(values))}, {number(max(values))}]"
+    return spread(values, number)
 
 
 COLUMNS = {
@@ -581,11 +581,8 @@ COLUMNS = {
 
 def table(results: dict[str, list[dict]], workers: int) -> str:
     headers = ["format"] + [title.format(workers=workers) for title in COLUMNS.values()]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for name, rounds in results.items():
-        cells = [cell([r[key] for r in rounds]) for key in COLUMNS]
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    return "\n".join(lines)
+    rows = [[name, *(cell([r[key] for r in rounds]) for key in COLUMNS)] for name, rounds in results.items()]
+    return markdown_table(headers, rows)
 
 
 def notes(args, results: dict[str, list[dict]], elapsed: float, load: str) -> str:

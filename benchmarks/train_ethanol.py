@@ -11,17 +11,24 @@ the `mtt train` process, and the test-set errors. Run it with nothing else on th
 from __future__ import annotations
 
 import argparse
-import re
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from run_folder import peak_memory_mb, run_folder, seconds_per_epoch, test_line
+from harness import (
+    DATA,
+    ETHANOL_TARGETS,
+    median_min_max,
+    mtt_train,
+    peak_memory_mb,
+    run_folder,
+    seconds_per_epoch,
+    test_errors,
+    test_line,
+)
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ethanol_reduced_100.xyz"
+ETHANOL = DATA / "ethanol_reduced_100.xyz"
 
 OPTIONS = """
 seed: 42
@@ -33,7 +40,7 @@ architecture:
 training_set:
   systems: {data}
   targets:
-    energy: {{key: energy, unit: kcal/mol, forces: forces}}
+    energy: {targets}
 validation_set: 0.1
 test_set: 0.1
 """
@@ -42,29 +49,23 @@ test_set: 0.1
 def run_once(epochs: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         options = Path(folder) / "options.yaml"
-        options.write_text(OPTIONS.format(epochs=epochs, data=DATA))
+        options.write_text(OPTIONS.format(epochs=epochs, data=ETHANOL, targets=ETHANOL_TARGETS))
         start = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "mtt", "train", str(options), *overrides],
-            cwd=folder,
-            capture_output=True,
-            text=True,
-        )
+        result = subprocess.run(mtt_train(str(options), overrides), cwd=folder, capture_output=True, text=True)
         total = time.monotonic() - start
         if result.returncode != 0:
             raise SystemExit(result.stderr)
         folder = run_folder(Path(folder))
         per_epoch = seconds_per_epoch(folder)
         peak = peak_memory_mb(folder)
-        test = test_line(folder)
-    figures = dict(re.findall(r"(energy per atom rmse|forces rmse) ([\d.]+)", test))
+        errors = test_errors(test_line(folder))
     return {
         "total_s": total,
         "per_epoch_s": per_epoch,
         "fixed_s": total - per_epoch * epochs,
         "peak_mb": peak,
-        "energy_rmse_mev_atom": float(figures["energy per atom rmse"]),
-        "forces_rmse_mev_a": float(figures["forces rmse"]),
+        "energy_rmse_mev_atom": errors["energy per atom rmse"][0],
+        "forces_rmse_mev_a": errors["forces rmse"][0],
     }
 
 
@@ -74,13 +75,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("overrides", nargs="*", help="mtt overrides, e.g. base_precision=32")
     args = parser.parse_args()
-    if not DATA.exists():
-        raise SystemExit(f"needs {DATA}")
+    if not ETHANOL.exists():
+        raise SystemExit(f"needs {ETHANOL}")
     runs = [run_once(args.epochs, args.overrides) for _ in range(args.repeats)]
     print(f"ethanol, {args.epochs} epochs, {len(runs)} run(s), overrides {args.overrides or 'none'}")
     for key in runs[0]:
-        values = [run[key] for run in runs]
-        print(f"  {key:22s} median {statistics.median(values):9.3f}   min {min(values):9.3f}   max {max(values):9.3f}")
+        median, low, high = median_min_max([run[key] for run in runs])
+        print(f"  {key:22s} median {median:9.3f}   min {low:9.3f}   max {high:9.3f}")
 
 
 if __name__ == "__main__":

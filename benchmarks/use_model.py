@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ETHANOL = ROOT.parent / "shared" / "data" / "ethanol_reduced_100.xyz"
-EMT = ROOT / "examples" / "data" / "emt_metals.xyz"
+from harness import DATA, EMT, EMT_TARGETS, ETHANOL_TARGETS, ase_md_rates, median_min_max, mtt_train
+
+ETHANOL = DATA / "ethanol_reduced_100.xyz"
 
 OPTIONS = """
 seed: 1
@@ -31,35 +29,27 @@ training_set:
     energy: {targets}
 """
 
+# the MD of one model on one system (harness.MD_RATE): ``atoms`` is a Python expression
 MD = """
-import time, ase.io, numpy as np
-from ase import units
 from ase.build import bulk
-from ase.md.verlet import VelocityVerlet
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from metatomic_ase import MetatomicCalculator
-atoms = {atoms}
-atoms.calc = MetatomicCalculator({model!r}, extensions_directory={extensions!r})
-MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
-dynamics = VelocityVerlet(atoms, timestep=0.5 * units.fs)
-dynamics.run(20)
-start = time.perf_counter()
-dynamics.run({steps})
-print({steps} / (time.perf_counter() - start))
+def systems():
+    atoms = {atoms}
+    atoms.calc = MetatomicCalculator({model!r}, extensions_directory={extensions!r})
+    yield atoms, {steps}
 """
 
 
 def train(folder: Path, data: Path, targets: str) -> Path:
     folder.mkdir()
     (folder / "options.yaml").write_text(OPTIONS.format(data=data, targets=targets))
-    subprocess.run([sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=folder, check=True, capture_output=True)
+    subprocess.run(mtt_train(), cwd=folder, check=True, capture_output=True)
     return folder / "model.pt"
 
 
 def md_rate(model: Path, atoms: str, steps: int) -> float:
-    script = MD.format(atoms=atoms, model=str(model), extensions=str(model.parent / "extensions"), steps=steps)
-    output = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=True, capture_output=True, text=True)
-    return float(output.stdout.split()[-1])
+    setup = MD.format(atoms=atoms, model=str(model), extensions=str(model.parent / "extensions"), steps=steps)
+    return ase_md_rates(setup, warmup=20)[-1]
 
 
 def eval_rate(model: Path, data: Path, folder: Path) -> float:
@@ -81,8 +71,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        ethanol = train(tmp / "ethanol", ETHANOL, "{key: energy, unit: kcal/mol, forces: forces}")
-        metal = train(tmp / "emt", EMT, "{key: energy, unit: eV, forces: on, stress: on}")
+        ethanol = train(tmp / "ethanol", ETHANOL, ETHANOL_TARGETS)
+        metal = train(tmp / "emt", EMT, EMT_TARGETS)
         cases = {
             "MD ethanol (9 atoms), steps/s": lambda: md_rate(
                 ethanol, f"ase.io.read({str(ETHANOL)!r}, '0')", args.steps
@@ -98,7 +88,8 @@ def main() -> None:
             for name, case in cases.items():
                 results[name].append(case())
     for name, values in results.items():
-        print(f"{name:52s} median {statistics.median(values):8.1f}  min {min(values):8.1f}  max {max(values):8.1f}")
+        median, low, high = median_min_max(values)
+        print(f"{name:52s} median {median:8.1f}  min {low:8.1f}  max {high:8.1f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The device check's MD step: velocity Verlet through metatomic's ASE calculator on CUDA and
 on the CPU, for the ethanol model that "train" left and for a periodic cell of 1,008 Cu atoms
 (a model trained here on examples/data/emt_metals.xyz). Each system runs in its own process,
-benchmarks/device_md.py, which also checks the forces against finite differences of the
+md_process.py, which also checks the forces against finite differences of the
 energy; this module starts it and puts what it measured in the table.
 """
 
@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from device_check_report import fmt
-from device_check_runner import EMT_METALS, PYTHON, ROOT, Check, StepFailed, tail
+from report import fmt
+from runner import EMT_METALS, PYTHON, Check, StepFailed, tail
+
+MD_PROCESS = Path(__file__).resolve().parent / "md_process.py"
 
 SYSTEMS = {"ethanol": "ethanol (9 atoms)", "cu1008": "Cu fcc, periodic (1008 atoms)"}
 
@@ -41,7 +43,7 @@ def md(check: Check, record: dict) -> None:
     for system, run, steps, warmup in systems:
         command = [
             PYTHON,
-            str(ROOT / "benchmarks" / "device_md.py"),
+            str(MD_PROCESS),
             "--model",
             str(run / "model.pt"),
             "--checkpoint",
@@ -107,13 +109,13 @@ def report(check: Check, record: dict, system: str, label: str, result: dict) ->
 
 
 def md_worker(check: Check, command: list[str], system: str) -> dict:
-    """Run device_md.py; what it measured, from its last ``RESULT`` line, even when it was
+    """Run md_process.py; what it measured, from its last ``RESULT`` line, even when it was
     cut short."""
     done = check.run(command, check.work / "md" / system, timeout=None)
     results = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
     if not results:
         raise StepFailed(
-            f"device_md.py {'killed at its time limit' if done.timed_out else 'exited ' + str(done.returncode)}: "
+            f"md_process.py {'killed at its time limit' if done.timed_out else 'exited ' + str(done.returncode)}: "
             + tail(done.stderr, 2)
         )
     result = json.loads(results[-1][len("RESULT ") :])

@@ -9,17 +9,9 @@ from __future__ import annotations
 import re
 import socket
 
-from device_check_report import fmt
-from device_check_runner import (
-    EMT_METALS,
-    PYTHON,
-    Check,
-    Dataset,
-    StepFailed,
-    free_port,
-    relative_differences,
-    tail,
-)
+from harness import free_port, mtt_train
+from report import fmt
+from runner import EMT_METALS, PYTHON, Check, Dataset, StepFailed, relative_differences, tail
 
 
 def torchrun(check: Check, record: dict) -> None:
@@ -104,23 +96,9 @@ def port_in_use(check: Check, dataset: Dataset, label: str, device: str, backend
         port = holder.getsockname()[1]
         folder = check.work / "torchrun" / f"port-in-use-{label}"
         check.write_options(folder, dataset, epochs=1)
+        overrides = [f"distributed.port={port}", f"distributed.timeout={check.args.port_timeout}", f"device={device}"]
         done = check.run(
-            [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "1",
-                f"--master-port={free_port()}",
-                "-m",
-                "mtt",
-                "train",
-                "options.yaml",
-                "distributed=true",
-                f"distributed.port={port}",
-                f"distributed.timeout={check.args.port_timeout}",
-                f"device={device}",
-            ],
+            mtt_train("options.yaml", overrides, ranks=1, port=free_port(), python=PYTHON),
             folder,
             timeout=check.args.port_timeout + 60,
         )

@@ -1,8 +1,9 @@
 """One exported model in ASE molecular dynamics through metatomic's calculator, on each
-device asked for; its forces against finite differences of its energy. A helper of
-device_check.py, run in its own process; prints a line ``RESULT {json}`` after each part.
+device asked for; its forces against finite differences of its energy. A helper of the
+device check's MD step (md.py), run in its own process; prints a line ``RESULT {json}``
+after each part.
 
-    python benchmarks/device_md.py --model model.pt --checkpoint model.ckpt \
+    python benchmarks/device_check/md_process.py --model model.pt --checkpoint model.ckpt \
         --system ethanol|cu1008 [--devices cuda cpu] [--steps 200] [--seconds 20]
 
 The finite differences use a float64 copy of the same trained model (float32 energies of

@@ -6,8 +6,8 @@ rounding noise that CUDA and CPU test errors are then held to.
 
 from __future__ import annotations
 
-from device_check_report import fmt
-from device_check_runner import EMT_METALS, Check, Dataset, Skipped, relative_differences
+from report import fmt
+from runner import EMT_METALS, Check, Dataset, Skipped, relative_differences
 
 MESSAGE_PASSING = "equivariant_mp"
 
@@ -97,7 +97,7 @@ def train_soap(check: Check, record: dict) -> None:
     datasets = [d for d in (check.ethanol(),) if d] or [EMT_METALS]
     if datasets[0].name != "ethanol":
         check.say(
-            "  no ethanol data (run benchmarks/device_wheels.sh, which copies it into .whl/data): "
+            "  no ethanol data (run benchmarks/device_check/wheels.sh, which copies it into .whl/data): "
             "training on examples/data/emt_metals.xyz instead"
         )
         check.row("train SOAP-BPNN", "data", "no ethanol data carried: EMT metals instead", "note")

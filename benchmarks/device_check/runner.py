@@ -6,12 +6,10 @@ failures recorded; each command in its own process group, killed at its time lim
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +17,24 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_check_report import Report
-from run_folder import peak_memory_mb, run_folder, seconds_per_epoch, test_line
+from harness import (
+    EMT,
+    EMT_TARGETS,
+    ETHANOL_TARGETS,
+    ROOT,
+    epoch_times,
+    free_port,
+    metrics,
+    mtt_train,
+    peak_memory_mb,
+    run_folder,
+    seconds_per_epoch,
+    test_errors,
+    test_line,
+)
+from report import Report
 
-ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-EMT = ROOT / "examples" / "data" / "emt_metals.xyz"
 CARRIED_ETHANOL = ROOT / ".whl" / "data" / "ethanol_reduced_100.xyz"
 
 OPTIONS = """\
@@ -48,8 +58,6 @@ class Dataset:
     targets: str  # the energy target block, as a YAML flow mapping
 
 
-ETHANOL_TARGETS = "{key: energy, unit: kcal/mol, forces: forces}"
-EMT_TARGETS = "{key: energy, unit: eV, forces: on, stress: on}"
 EMT_METALS = Dataset("EMT metals", EMT, EMT_TARGETS)
 
 
@@ -73,25 +81,14 @@ class Completed:
         return self.returncode is None
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def parse_metrics(line: str) -> dict[str, float]:
-    """``test set (10 structures): energy per atom rmse 27.62 meV/atom, ...`` as a dict."""
-    metrics = {}
-    for item in line.split(": ", 1)[1].split(", "):
-        match = re.fullmatch(r"(.+?) ([-+0-9.eE]+|nan|inf)(?: (\S+))?", item.strip())
-        if match:
-            name, value, unit = match.groups()
-            metrics[f"{name} [{unit}]" if unit else name] = float(value)
-    return metrics
+    """``test set (10 structures): energy per atom rmse 27.62 meV/atom, ...`` as
+    ``{"energy per atom rmse [meV/atom]": 27.62, ...}``."""
+    return {f"{name} [{unit}]" if unit else name: value for name, (value, unit) in test_errors(line).items()}
 
 
 def relative_differences(first: dict[str, float], second: dict[str, float]) -> dict[str, float]:
@@ -256,23 +253,8 @@ class Check(Report):
     ) -> dict:
         """One ``mtt train`` (under torchrun when ``ranks`` is given); its figures."""
         self.write_options(folder, dataset, architecture=architecture, epochs=epochs, batch=batch)
-        if ranks is None:
-            command = [PYTHON, "-m", "mtt", "train", "options.yaml", *overrides]
-        else:
-            command = [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                str(ranks),
-                f"--master-port={free_port()}",
-                "-m",
-                "mtt",
-                "train",
-                "options.yaml",
-                "distributed=true",
-                *overrides,
-            ]
+        port = None if ranks is None else free_port()
+        command = mtt_train("options.yaml", overrides, ranks=ranks, port=port, python=PYTHON)
         done = self.run(command, folder, timeout, env)
         if done.timed_out:
             raise StepFailed(f"mtt train killed at its time limit after {done.seconds:.0f} s")
@@ -285,7 +267,8 @@ class Check(Report):
         described = re.search(r"^distributed: (.*)$", done.stdout, re.M)
         run = run_folder(folder)
         test = test_line(run)
-        rows = list(csv.DictReader(open(run / "metrics.csv")))
+        rows = metrics(run)
+        times = epoch_times(run)
         per_epoch = seconds_per_epoch(run)
         n_train, n_validation = int(sizes.group(1)), int(sizes.group(2))
         # the loss is left out: its set average weighs each batch by its structures, so it
@@ -294,10 +277,10 @@ class Check(Report):
         return {
             "folder": str(run),
             "wall_s": round(done.seconds, 2),
-            "epoch_times_s": [float(r["time [s]"]) for r in rows],
+            "epoch_times_s": times,
             "seconds_per_epoch": per_epoch,
             "structures_per_s": (n_train + n_validation) / per_epoch,
-            "fixed_cost_s": round(done.seconds - sum(float(r["time [s]"]) for r in rows), 2),
+            "fixed_cost_s": round(done.seconds - sum(times), 2),
             "structures": {"train": n_train, "validation": n_validation, "test": int(sizes.group(3))},
             "test_line": test,
             "test": parse_metrics(test),

@@ -3,23 +3,22 @@ MD through metatomic's ASE calculator on CUDA, and CPU scaling over the machine'
 
     bash benchmarks/device_check.sh [--cpu-only] [--out DIR] [options below]
 
-Run through device_check.sh, which installs the carried wheels and sets PYTHONPATH. Every
-step is time-boxed; a step that fails is recorded and the others still run. After each
-step, device_check.md (one table) and device_check.json (every figure) are written again
-to $OUT, or --out, so that a run cut short still leaves what it measured. --cpu-only runs
-every step that a CPU can run (a dry run). docs/src/performance.rst, "On a GPU machine",
-says how a session with a GPU runs it.
+Run through benchmarks/device_check.sh (or benchmarks/device_check/run.sh, which it runs),
+which installs the carried wheels and sets PYTHONPATH. Every step is time-boxed; a step that
+fails is recorded and the others still run. After each step, device_check.md (one table) and
+device_check.json (every figure) are written again to $OUT, or --out, so that a run cut short
+still leaves what it measured. --cpu-only runs every step that a CPU can run (a dry run).
+docs/src/performance.rst, "On a GPU machine", says how a session with a GPU runs it.
 
-Data: the ethanol set that benchmarks/device_wheels.sh copies into .whl/data (the
+Data: the ethanol set that benchmarks/device_check/wheels.sh copies into .whl/data (the
 ../shared beside a checkout does not travel to the GPU machine), else EMT metals only;
 examples/data/emt_metals.xyz for the periodic model; a larger EMT set generated on the
 spot (examples/data/generate_emt_dataset.py) for the scaling runs.
 
-This file holds the options and the list of steps. The steps are in device_check_environment.py,
-device_check_train.py ("train" and "message-passing"), device_check_torchrun.py,
-device_check_md.py (which runs device_md.py, one process per system) and
-device_check_scaling.py; device_check_runner.py runs commands and ``mtt train`` within the
-budget, and device_check_report.py writes device_check.md, .json and .log.
+This file holds the options and the list of steps. The steps are in the modules beside it:
+environment.py, train.py ("train" and "message-passing"), torchrun.py, md.py (which runs
+md_process.py, one process per system) and scaling.py; runner.py runs commands and
+``mtt train`` within the budget, and report.py writes device_check.md, .json and .log.
 """
 
 from __future__ import annotations
@@ -29,13 +28,17 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from device_check_environment import environment
-from device_check_md import md
-from device_check_runner import ROOT, Check
-from device_check_scaling import scaling
-from device_check_torchrun import torchrun
-from device_check_train import MESSAGE_PASSING, train_message_passing, train_soap
+# benchmarks/ on the path, for harness.py (this folder is on it already: the modules beside this one)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from environment import environment
+from md import md
+from runner import ROOT, Check
+from scaling import scaling
+from torchrun import torchrun
+from train import MESSAGE_PASSING, train_message_passing, train_soap
 
 
 @dataclass

@@ -9,6 +9,8 @@ import json
 import time
 from pathlib import Path
 
+from harness import markdown_table
+
 
 def fmt(value: float | None, digits: int = 3) -> str:
     if value is None:
@@ -68,11 +70,11 @@ class Report:
             f"torch {env.get('torch', '?')}, CUDA {env.get('torch_cuda', '-')}, "
             f"GPU {env.get('gpu', 'none')}, {env.get('cores', '?')} cores.",
             "",
-            "| step | measurement | value | check |",
-            "| --- | --- | --- | --- |",
+            markdown_table(["step", "measurement", "value", "check"], self.rows),
+            "",
+            "## Steps",
+            "",
         ]
-        lines += [f"| {s} | {w} | {v} | {c} |" for s, w, v, c in self.rows]
-        lines += ["", "## Steps", ""]
         for name, step in self.results["steps"].items():
             text = f"- {name}: {step.get('status')} in {step.get('seconds', 0):.0f} s"
             if step.get("reason"):

@@ -8,9 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from device_check_runner import EMT_TARGETS, PYTHON, ROOT, Check, Dataset, StepFailed
-
-GENERATOR = ROOT / "examples" / "data" / "generate_emt_dataset.py"
+from harness import EMT_GENERATOR, EMT_TARGETS
+from runner import PYTHON, Check, Dataset, StepFailed
 
 
 def scaling(check: Check, record: dict) -> None:
@@ -106,7 +105,7 @@ def generate_emt(check: Check, count: int) -> Path:
         size = count // parts + (1 if part < count % parts else 0)
         command = [
             PYTHON,
-            str(GENERATOR),
+            str(EMT_GENERATOR),
             "--n-structures",
             str(size),
             "--seed",

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from device_check_runner import EMT, PYTHON, ROOT, Check, StepFailed, tail
+from harness import EMT, ROOT
+from runner import PYTHON, Check, StepFailed, tail
 
 # run with ``python -c`` (the data file as its argument); prints one line ``PROBE {json}``
 PROBE = r"""

@@ -2,7 +2,7 @@
 # Fill .whl/ at the repository's root with what benchmarks/device_check.sh installs on the
 # GPU machine, which has Python 3.12 and torch 2.11 but no package registry.
 #
-#     bash benchmarks/device_wheels.sh        # here, once, before the device tool's `run`
+#     bash benchmarks/device_check/wheels.sh  # here, once, before the device tool's `run`
 #
 # Then pass carry: [".whl"] to `run` (docs/src/performance.rst, "On a GPU machine").
 # .whl/ is ignored through .git/info/exclude and never committed; about 24 MiB.
