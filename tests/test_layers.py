@@ -16,9 +16,6 @@ LAYERS = [
             "errors",
             "schema",
             "outputs",
-            "terminal",
-            "learning_curve",
-            "metric_loggers",
             "checkpoint",
             "allocator",
         },
@@ -28,6 +25,7 @@ LAYERS = [
     ("training", {"training"}),
     ("models out of mtt", {"export", "inference"}),
     ("options", {"config"}),
+    ("how a run begins", {"starts"}),
     ("commands", {"commands", "testing", "__main__"}),
 ]
 
@@ -79,3 +77,40 @@ def test_no_module_imports_a_layer_above_its_own():
                     f"({LAYERS[_layer_of(target)][0]})"
                 )
     assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def _module_of(target: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The module file an import names: ``mtt.a.b`` is a.b.py, or a/b/__init__.py; a name
+    imported from a module belongs to that module."""
+    while target:
+        if PACKAGE.joinpath(*target).with_suffix(".py").is_file():
+            return target
+        if PACKAGE.joinpath(*target, "__init__.py").is_file():
+            return (*target, "__init__")
+        target = target[:-1]
+    return ("__init__",)
+
+
+def test_no_two_modules_import_each_other():
+    """No circle of imports, however long: each module can be read before those that use it."""
+    graph: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = path.relative_to(PACKAGE).with_suffix("").parts
+        graph[own] = {_module_of(target) for target, _ in _imported(path)} - {own}
+    circles, done, path = [], set(), []
+
+    def visit(module):
+        if module in path:
+            circles.append(" -> ".join(".".join(m) for m in path[path.index(module) :] + [module]))
+            return
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+    assert not circles, "modules that import each other:\n" + "\n".join(circles)

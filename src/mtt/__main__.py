@@ -11,20 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from dataclasses import dataclass
-from pathlib import Path
 
 from . import __version__
 from .allocator import keep_freed_memory
-
-
-@dataclass
-class RunContext:
-    """What the dispatcher needs to know about the command while it runs."""
-
-    run_folder: Path | None = None
-    environment: object | None = None  # mtt.distributed.DistributedEnvironment, once set up
-    arguments: list[str] | None = None  # the command line after `mtt`, as given
+from .commands.context import RunContext
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(error: BaseException, context: RunContext, debug: bool) -> int:
     from .errors import MttError
-    from .outputs import write_error_log
+    from .outputs.logs import write_error_log
     from .training.stopping import StopRequested
 
     environment = context.environment

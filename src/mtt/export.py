@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, Mo
 from . import __version__, architectures
 from .architectures.adapters import add_adapters, merged
 from .data.dataset import DatasetInfo
+from .outputs.run_folder import keep_previous
 from .schema import parse_options
 from .training.hypers import FinetuneHypers
 from .training.state import TrainingState
@@ -103,3 +105,28 @@ def export_model(
         if temporary.exists():
             temporary.unlink()
     return path
+
+
+def export_run_model(
+    model: torch.nn.Module,
+    info: DatasetInfo,
+    architecture: architectures.Architecture,
+    folder: Path,
+    target: Path,
+) -> list[tuple[str, str]]:
+    """Export a run's model into its run folder and to ``target`` (an older file there is
+    kept aside, never replaced silently). Returns what went where."""
+    with architectures.blame_architecture(architecture):  # TorchScript compiles its code
+        exported = export_model(model, info, architecture, folder / "model.pt")
+    files = [("run folder", str(folder))]
+    if target.resolve() != exported.resolve():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        kept = keep_previous(target)
+        shutil.copyfile(exported, target)
+        shutil.copytree(folder / "extensions", target.parent / "extensions", dirs_exist_ok=True)
+        files.append(("model", f"{target} (and {target.parent / 'extensions'}/)"))
+        if kept is not None:
+            files.append(("previous model", f"{kept} (it was at {target})"))
+    else:
+        files.append(("model", str(exported)))
+    return files

@@ -13,7 +13,7 @@ from ..data.convert import dataset_digest, folder_size, output_path
 from ..data.options import parse_dataset_list, unit_problems
 from ..data.store import Store, StoredSet, array_layout
 from ..errors import DataError, OptionsProblems
-from ..outputs import setup_logging
+from ..outputs.logs import setup_logging
 
 
 def _megabytes(size: int) -> str:

@@ -18,7 +18,8 @@ from ..data.readers import Structure
 from ..data.structure_sets import StructureSet
 from ..errors import DataError, EnvironmentProblem
 from ..inference import EvaluatedModel, load_trained_model
-from ..outputs import LOGGER, display, setup_logging
+from ..outputs.display import display
+from ..outputs.logs import LOGGER, setup_logging
 from ..training.loss import Metrics, Term, term_label, terms_of, with_reference
 from ..training.predictions import Predictions, predict
 from .eval_sets import sets_to_evaluate

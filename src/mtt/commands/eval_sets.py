@@ -18,7 +18,7 @@ from ..data.options import expand_short_forms, is_converted, parse_dataset_list
 from ..data.readers import TargetInfo, has_key, parsed_by_ase, resolve_path
 from ..data.structure_sets import InMemorySet, StructureSet
 from ..errors import DataError, OptionsError
-from .restart import is_run_folder, run_folder_of
+from ..outputs.run_folder import is_run_folder, run_folder_of
 
 
 @dataclass

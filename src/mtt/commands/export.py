@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import architectures
 from ..export import export_model, model_from_state
-from ..outputs import LOGGER, setup_logging
+from ..outputs.logs import LOGGER, setup_logging
 from ..training.state import TrainingState
 
 

@@ -261,7 +261,7 @@ def _progress(total: int) -> Callable[[int], None]:
 
         bar = tqdm(total=total, unit="structure", desc="converting")
         return lambda done: bar.update(done) if done else bar.close()
-    from ..outputs import LOGGER
+    from ..outputs.logs import LOGGER
 
     state = {"done": 0, "said": 0}
 

@@ -30,7 +30,7 @@ import torch
 from ..errors import EnvironmentProblem
 
 if TYPE_CHECKING:
-    from . import DistributedEnvironment
+    from .environment import DistributedEnvironment
 
 #: exit status of a rank whose rendezvous timed out, or that rank 0 stopped
 RENDEZVOUS_TIMEOUT_STATUS = 3

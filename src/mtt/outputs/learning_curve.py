@@ -7,7 +7,7 @@ import csv
 import math
 from pathlib import Path
 
-from .outputs import metric_name
+from .display import metric_name
 
 
 def _read(path: Path) -> tuple[list[int], dict[str, list[float]]]:

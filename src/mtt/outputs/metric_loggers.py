@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import EnvironmentProblem
-from .outputs import display
+from ..errors import EnvironmentProblem
+from .display import display
 
 #: the loggers the option accepts, with the extra of mtt that installs each
 EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}

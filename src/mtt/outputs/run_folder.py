@@ -1,17 +1,21 @@
-"""The run folder and what is written to it: log, metrics CSV, options, indices."""
+"""The run folder (``outputs/<date>/<time>``) and the files in it that say how the run was
+started and what it learned: options.yaml, command.yaml, indices/, metrics.csv."""
 
 from __future__ import annotations
 
 import csv
 import datetime
-import logging
-import sys
-import traceback
+import shlex
 from pathlib import Path
+from typing import Iterable, Mapping, Protocol
 
-LOGGER = logging.getLogger("mtt")
-#: writes to the run's log file only (the full epoch lines, while the terminal shows a table)
-FILE_LOGGER = logging.getLogger("mtt_file")
+import numpy as np
+import yaml
+
+from .display import display
+
+#: in every run folder: the command and the options file it was started from
+COMMAND_FILE = "command.yaml"
 
 
 def new_run_folder(root: Path = Path("outputs")) -> Path:
@@ -26,42 +30,40 @@ def new_run_folder(root: Path = Path("outputs")) -> Path:
     return folder
 
 
-def setup_logging(log_file: Path | None, verbose: bool = True) -> None:
-    """Messages to stdout, and to ``log_file`` when a run folder exists."""
-    for logger in (LOGGER, FILE_LOGGER):
-        logger.handlers.clear()
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    if verbose:
-        from .terminal import ConsoleHandler  # clears the step bar of the terminal first
-
-        console = ConsoleHandler(sys.stdout)
-        console.setFormatter(logging.Formatter("%(message)s"))
-        LOGGER.addHandler(console)
-    if log_file is not None:
-        handler = logging.FileHandler(log_file)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-        LOGGER.addHandler(handler)
-        FILE_LOGGER.addHandler(handler)
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` is the folder of an `mtt train` run (its options and indices)."""
+    return (folder / "options.yaml").is_file() and (folder / "indices").is_dir()
 
 
-def write_error_log(folder: Path, error: BaseException, rank: int | None = None) -> Path:
-    name = "error.log" if rank is None else f"error.rank{rank}.log"
-    path = folder / name
-    path.write_text("".join(traceback.format_exception(type(error), error, error.__traceback__)))
-    return path
+def run_folder_of(checkpoint: Path) -> Path | None:
+    """``outputs/<date>/<time>`` for its ``model.ckpt`` and ``checkpoints/*.ckpt``."""
+    folder = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    return folder if is_run_folder(folder) else None
 
 
-def metric_name(key: str) -> str:
-    """A metric key in words: 'energy_per_atom_rmse' -> 'energy per atom RMSE'."""
-    return key.replace("_rmse", " RMSE").replace("_mae", " MAE").replace("_per_atom", " per atom").replace("_", " ")
+class HasOrigins(Protocol):
+    """A set of structures that says which file and frame each came from."""
+
+    def origins(self) -> Iterable[tuple[str, np.ndarray]]: ...
 
 
-def display(value: float, unit: str) -> tuple[float, str]:
-    """Energies are shown in meV: the errors of good models are a few meV."""
-    if unit.startswith("eV"):
-        return value * 1000.0, "m" + unit
-    return value, unit
+def write_run_files(
+    folder: Path, options_yaml: str, options_path: str, arguments: list[str], sets: Mapping[str, HasOrigins]
+) -> None:
+    """options.yaml (composed), command.yaml (how the run was started) and indices/."""
+    (folder / "options.yaml").write_text(options_yaml)
+    command = {
+        "command": shlex.join(["mtt", *arguments]),
+        "options_file": str(Path(options_path).resolve()),
+        "folder": str(Path.cwd()),
+    }
+    (folder / COMMAND_FILE).write_text("# how this run was started\n" + yaml.safe_dump(command, sort_keys=False))
+    indices = folder / "indices"
+    indices.mkdir()
+    for name, structures in sets.items():
+        with open(indices / f"{name}.txt", "w") as file:
+            for path, numbers in structures.origins():
+                file.writelines(f"{path}\t{i}\n" for i in numbers.tolist())
 
 
 class MetricsCsv:
@@ -90,16 +92,6 @@ class MetricsCsv:
                 csv.writer(handle).writerow(self.columns)
         with open(self.path, "a", newline="") as handle:
             csv.writer(handle).writerow([row.get(c, "") for c in self.columns])
-
-
-def format_metrics(metrics: dict[str, float], units: dict[str, str], with_mae: bool = True) -> str:
-    parts = []
-    for key, value in metrics.items():
-        if key == "loss" or (key.endswith("_mae") and not with_mae):
-            continue
-        shown, unit = display(value, units.get(key, ""))
-        parts.append(f"{key.replace('_', ' ')} {shown:.4g}" + (f" {unit}" if unit else ""))
-    return ", ".join(parts)
 
 
 def continue_metrics(previous: Path, path: Path, last_epoch: int) -> None:

@@ -7,26 +7,17 @@ the same epochs with the full names of every error, the MAEs and the learning ra
 
 from __future__ import annotations
 
-import logging
 import math
-import shutil
 import sys
 import textwrap
 import time
 from typing import TextIO
 
-from .outputs import FILE_LOGGER, LOGGER, display, format_metrics, metric_name
+from .console import StatusLine, columns
+from .display import display, format_metrics, metric_name
+from .logs import FILE_LOGGER, LOGGER
 
-#: the terminal width a line must fit when the terminal does not say
-DEFAULT_COLUMNS = 80
 NUMBER_WIDTH = 9
-
-
-def columns(stream: TextIO) -> int:
-    """The width of the terminal (``COLUMNS`` wins), 80 for files and pipes."""
-    if stream.isatty():
-        return max(40, shutil.get_terminal_size((DEFAULT_COLUMNS, 24)).columns)
-    return DEFAULT_COLUMNS
 
 
 def number(value: float) -> str:
@@ -57,34 +48,6 @@ def _short_name(key: str) -> tuple[str, str]:
         return known[quantity]
     long = quantity.replace("_per_atom", " per atom").replace("_", " ")
     return quantity.split("_")[0][:3], long
-
-
-class StatusLine:
-    """The one line that is rewritten in place (the step bar); log messages clear it first."""
-
-    shown = False
-    stream: TextIO = sys.stdout
-
-    @classmethod
-    def show(cls, text: str) -> None:
-        cls.stream.write("\r" + text[: columns(cls.stream) - 1].ljust(columns(cls.stream) - 1))
-        cls.stream.flush()
-        cls.shown = True
-
-    @classmethod
-    def clear(cls) -> None:
-        if cls.shown:
-            cls.stream.write("\r" + " " * (columns(cls.stream) - 1) + "\r")
-            cls.stream.flush()
-            cls.shown = False
-
-
-class ConsoleHandler(logging.StreamHandler):
-    """Log messages on stdout, clearing the step bar before each one."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        StatusLine.clear()
-        super().emit(record)
 
 
 class EpochTable:

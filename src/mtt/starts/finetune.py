@@ -1,6 +1,7 @@
-"""What a fine-tuning run starts from (``architecture.training.finetune``): the checkpoint's
-model hyperparameters and weights, its elements and targets joined with the new data's,
-and its own validation structures, on which the cost of fine-tuning is measured."""
+"""A run that fine-tunes a trained model (``architecture.training.finetune``): it starts
+from the checkpoint's model hyperparameters and weights, its elements and targets joined
+with the new data's, and measures the cost of fine-tuning on the checkpoint's own
+validation structures (a monitor of the Trainer, whose before/after table ends the summary)."""
 
 from __future__ import annotations
 
@@ -17,21 +18,26 @@ from ..architectures.adapters import add_adapters, choose_trained
 from ..architectures.base import copied_along, shared_indices
 from ..config import ComposedOptions
 from ..data.batching import compute_neighbor_lists
-from ..data.dataset import DatasetInfo, load_splits
+from ..data.dataset import DatasetInfo, Splits, load_splits
 from ..data.readers import TargetInfo
 from ..data.structure_sets import InMemorySet, StructureSet
 from ..errors import DataError, MttError, OptionsError
 from ..export import model_from_state
-from ..outputs import LOGGER
+from ..outputs.display import format_metrics
+from ..outputs.logs import FILE_LOGGER, LOGGER
+from ..outputs.terminal import comparison_lines
 from ..schema import flow_yaml, parse_options
 from ..training.hypers import FinetuneHypers
-from ..training.state import TrainingState
+from ..training.loss import Metrics, terms_of
+from ..training.state import RunIdentity, TrainingState
+from ..training.trainer import Trainer
+from .base import RunParts, RunStart
 
 WHERE = "architecture.training.finetune"
 
 
 @dataclass
-class Finetuning:
+class FinetuneSource:
     """The checkpoint a run fine-tunes, read once."""
 
     hypers: FinetuneHypers
@@ -59,7 +65,7 @@ def _lookup(node: Any, key: str) -> Any:
     return node
 
 
-def prepare_finetuning(options: ComposedOptions) -> Finetuning | None:
+def read_finetune_source(options: ComposedOptions) -> FinetuneSource | None:
     """The checkpoint of ``finetune``, checked against the options, whose model
     hyperparameters become the checkpoint's (written so to the run's options.yaml)."""
     hypers = options.trainer_hypers.finetune
@@ -90,7 +96,7 @@ def prepare_finetuning(options: ComposedOptions) -> Finetuning | None:
     architecture = architectures.load(name)
     options.raw["architecture"]["model"] = copy.deepcopy(identity.model_hypers)
     options.model_hypers = parse_options(architecture.hypers_class, identity.model_hypers, "architecture.model")
-    return Finetuning(hypers, path, state, DatasetInfo.from_dict(identity.dataset_info))
+    return FinetuneSource(hypers, path, state, DatasetInfo.from_dict(identity.dataset_info))
 
 
 def _what(target: TargetInfo) -> str:
@@ -100,9 +106,9 @@ def _what(target: TargetInfo) -> str:
     return f"{kind} in {target.unit or 'no unit'}" + (" per atom" if target.per_atom else "")
 
 
-def joined_info(finetuning: Finetuning, new: DatasetInfo) -> DatasetInfo:
+def joined_info(source: FinetuneSource, new: DatasetInfo) -> DatasetInfo:
     """The fine-tuned model's elements and targets: the checkpoint's and the new data's."""
-    old = finetuning.info
+    old = source.info
     targets = dict(old.targets)
     for name, target in new.targets.items():
         before = old.targets.get(name)
@@ -111,7 +117,7 @@ def joined_info(finetuning: Finetuning, new: DatasetInfo) -> DatasetInfo:
             continue
         if before.layout != target.layout:
             raise DataError(
-                f"target '{name}' is {_what(target)} here, but {_what(before)} in the checkpoint {finetuning.path}.",
+                f"target '{name}' is {_what(target)} here, but {_what(before)} in the checkpoint {source.path}.",
                 hint="Give the new quantity another name: it then gets a head of its own.",
             )
         targets[name] = copy.copy(target)
@@ -123,24 +129,24 @@ def joined_info(finetuning: Finetuning, new: DatasetInfo) -> DatasetInfo:
 
 
 def start_from_checkpoint(
-    model: torch.nn.Module, finetuning: Finetuning, architecture: architectures.Architecture
+    model: torch.nn.Module, source: FinetuneSource, architecture: architectures.Architecture
 ) -> torch.nn.Module:
     """Copy the checkpoint's best weights into ``model`` (new elements and targets keep
     their initial weights). Returns the checkpoint's own model, for comparisons."""
-    old = finetuning.model(model)
+    old = source.model(model)
     with architectures.blame_architecture(architecture):
         model.inherit(old)
     return old
 
 
-def check_method(finetuning: Finetuning, new: DatasetInfo) -> None:
+def check_method(source: FinetuneSource, new: DatasetInfo) -> None:
     """Refuse ``heads`` and ``lora`` for data with elements the checkpoint lacks: the
     weights of a new element outside the heads would stay at their random start."""
-    missing = sorted(set(new.atomic_types) - set(finetuning.info.atomic_types))
-    if missing and finetuning.hypers.method != "full":
+    missing = sorted(set(new.atomic_types) - set(source.info.atomic_types))
+    if missing and source.hypers.method != "full":
         names = ", ".join(chemical_symbols[z] for z in missing)
         raise OptionsError(
-            f"'{WHERE}.method: {finetuning.hypers.method}' cannot learn elements the checkpoint never saw "
+            f"'{WHERE}.method: {source.hypers.method}' cannot learn elements the checkpoint never saw "
             f"({names}): their weights outside the heads would stay at their random start.",
             hint="Use method: full to learn new elements (or train on data without them).",
         )
@@ -169,16 +175,14 @@ def prepare_training(model: torch.nn.Module, hypers: FinetuneHypers, architectur
     return f"{hypers.method}: {what}, {trained} of {total} weights trained"
 
 
-def fixed_baseline(model: torch.nn.Module, finetuning: Finetuning, new: DatasetInfo) -> dict[str, dict[int, Any]]:
+def fixed_baseline(model: torch.nn.Module, source: FinetuneSource, new: DatasetInfo) -> dict[str, dict[int, Any]]:
     """The per-element values kept from the checkpoint: those of its elements for the
     targets it had (with ``refit_baseline``, only of elements the new data lacks)."""
-    kept_types = [
-        z for z in finetuning.info.atomic_types if not finetuning.hypers.refit_baseline or z not in new.atomic_types
-    ]
+    kept_types = [z for z in source.info.atomic_types if not source.hypers.refit_baseline or z not in new.atomic_types]
     weights = model.composition.weights
     kept: dict[str, dict[int, float | list[float]]] = {}
     for name in new.targets:
-        if name not in finetuning.info.targets:
+        if name not in source.info.targets:
             continue
         index = model.output_names.index(architectures.base.output_name(name))
         columns = slice(model.output_starts[index], model.output_starts[index] + model.output_widths[index])
@@ -187,10 +191,10 @@ def fixed_baseline(model: torch.nn.Module, finetuning: Finetuning, new: DatasetI
     return kept
 
 
-def original_validation(finetuning: Finetuning, requests: list) -> tuple[StructureSet, DatasetInfo] | str:
+def original_validation(source: FinetuneSource, requests: list) -> tuple[StructureSet, DatasetInfo] | str:
     """The checkpoint's own validation structures, split again from its options and seed,
     or why they are not available."""
-    state = finetuning.state
+    state = source.state
     options = state.identity.options
     try:
         splits = load_splits(options, Path.cwd(), int(options.get("seed") or 0))
@@ -207,12 +211,117 @@ def original_validation(finetuning: Finetuning, requests: list) -> tuple[Structu
     return splits.validation, splits.info
 
 
-def with_original_baseline(model: torch.nn.Module, finetuning: Finetuning) -> torch.nn.Module:
+def with_original_baseline(model: torch.nn.Module, source: FinetuneSource) -> torch.nn.Module:
     """A copy of ``model`` whose baseline is the checkpoint's for its elements and targets."""
-    old = finetuning.model(model)
+    old = source.model(model)
     copy_of = copy.deepcopy(model)
     weights = copy_of.composition.weights
     axes = [(0, shared_indices(copy_of.atomic_types, old.atomic_types)), (1, copy_of.shared_outputs(old))]
     with torch.no_grad():
         weights.copy_(copied_along(weights, old.composition.weights, axes))
     return copy_of
+
+
+class FinetuneCost:
+    """A monitor of the Trainer: the errors on the original run's validation structures
+    every ``original_validation_interval`` epochs, and the summary's before/after table
+    of the validation sets."""
+
+    def __init__(self, source: FinetuneSource, trainer: Trainer, model: torch.nn.Module, validation: StructureSet):
+        self.source = source
+        self.trainer = trainer
+        self.validation = validation
+        with architectures.blame_architecture(trainer.architecture):
+            requests = model.requested_neighbor_lists()
+        found = original_validation(source, requests)
+        self.original: tuple[StructureSet, DatasetInfo] | None = None
+        if isinstance(found, str):
+            LOGGER.info(
+                "the original run's validation structures are %s; the cost of fine-tuning is not measured", found
+            )
+        else:
+            self.original = found
+
+    def _with_original_baseline(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model the original data is evaluated with: a baseline refitted to new data
+        (``refit_baseline``: another level of theory, with another energy zero) is set back
+        to the checkpoint's, whose references it would otherwise miss by the difference of
+        the zeros."""
+        return with_original_baseline(model, self.source) if self.source.hypers.refit_baseline else model
+
+    def epoch_done(self, model: torch.nn.Module, epoch: int) -> None:
+        interval = self.source.hypers.original_validation_interval
+        if self.original is None or interval is None or epoch % interval != 0:
+            return
+        structures, info = self.original
+        watched = self.trainer.evaluate(self._with_original_baseline(model), structures, None, info)
+        if self.trainer.environment.is_main:
+            LOGGER.info(
+                "epoch %d, original validation: %s",
+                epoch,
+                format_metrics(watched.results(), watched.units(), self.trainer.hypers.log_mae),
+            )
+
+    def figures(self, model: torch.nn.Module, at_start: bool) -> dict[str, dict[str, float]]:
+        """The errors of ``model`` on the validation set and on the original run's; at the
+        start, those of the checkpoint's own model on the original run's."""
+        figures = {"validation": self.trainer.evaluate(model, self.validation, None).results()}
+        if self.original is not None:
+            structures, info = self.original
+            evaluated = self.source.model(model) if at_start else self._with_original_baseline(model)
+            figures["original validation"] = self.trainer.evaluate(evaluated, structures, None, info).results()
+        return figures
+
+    def summary_lines(self, model: torch.nn.Module, state: TrainingState) -> list[str]:
+        units = {"validation": Metrics(self.trainer.terms).units()}
+        if self.original is not None:
+            units["original validation"] = Metrics(terms_of(self.original[1])).units()
+        after = self.figures(model, at_start=False)
+        refit = self.original is not None and self.source.hypers.refit_baseline
+        lines = comparison_lines(
+            f"fine-tuning of {self.source.path} ({len(self.validation)} validation structures"
+            + (f", {len(self.original[0])} of the original run" if self.original is not None else "")
+            + (", evaluated with the checkpoint's baseline" if refit else "")
+            + ")",
+            state.finetune_start,
+            after,
+            units,
+        )
+        if self.trainer.environment.is_main:
+            for line in lines[1:]:
+                FILE_LOGGER.info("fine-tuning: %s", line.strip())
+        return lines
+
+
+class Finetuning(RunStart):
+    """A run that starts from a trained model's weights, on new data."""
+
+    def __init__(self, options: ComposedOptions, source: FinetuneSource):
+        super().__init__(options)
+        self.source = source
+
+    def model_info(self, splits: Splits) -> DatasetInfo:
+        check_method(self.source, splits.info)
+        return joined_info(self.source, splits.info)
+
+    def begin(self, run: RunParts, identity: RunIdentity) -> TrainingState:
+        model, trainer = run.model, run.trainer
+        cost = FinetuneCost(self.source, trainer, model, run.splits.validation)
+        trainer.monitors.append(cost)
+        state = TrainingState(identity)
+        original = start_from_checkpoint(model, self.source, trainer.architecture)
+        # the checkpoint's statistics of its data stay, as its weights need them
+        kept = fixed_baseline(model, self.source, run.splits.info)
+        scales = model.composition.scales.clone()
+        state.spreads = self.fit_baseline(run, kept)
+        for mine, _ in model.shared_outputs(original):  # the inherited networks' outputs keep their scales
+            model.composition.scales[mine] = scales[mine]
+        trained = prepare_training(model, self.source.hypers, trainer.architecture)
+        LOGGER.info("fine-tuning %s, %s", self.source.path, trained)
+        trainer.environment.broadcast_module(model)
+        state.finetune_start = cost.figures(model, at_start=True)
+        return state
+
+    def resume(self, model: torch.nn.Module, splits: Splits, trainer: Trainer) -> None:
+        trainer.monitors.append(FinetuneCost(self.source, trainer, model, splits.validation))
+        LOGGER.info("fine-tuning %s", prepare_training(model, self.source.hypers, trainer.architecture))

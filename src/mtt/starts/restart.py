@@ -1,5 +1,6 @@
-"""What ``--restart`` continues: the checkpoint (``auto``: the latest one of a run with the
-same options), whether these options may continue it, and which changes are applied."""
+"""A run that continues an interrupted one (``--restart``): the checkpoint (``auto``: the
+latest one of a run with the same options), whether these options may continue it, which
+changes are applied, and the checkpoint's state loaded in place of a new one."""
 
 from __future__ import annotations
 
@@ -14,17 +15,16 @@ from .. import architectures
 from ..config import ComposedOptions
 from ..data.dataset import DatasetInfo, Splits
 from ..errors import CheckpointError
-from ..outputs import LOGGER
+from ..outputs.logs import LOGGER
+from ..outputs.run_folder import COMMAND_FILE, continue_metrics, run_folder_of
 from ..schema import parse_options
-from ..training.state import TrainingState
+from ..training.state import RunIdentity, TrainingState
+from .base import RunParts, RunStart
 from .option_changes import GLOBAL_BATCH_KEY, OptionChange, option_changes
-
-#: in every run folder: the command and the options file it was started from
-COMMAND_FILE = "command.yaml"
 
 
 @dataclass
-class Restart:
+class RestartPoint:
     """A checkpoint that these options continue."""
 
     state: TrainingState
@@ -37,17 +37,6 @@ class Restart:
         state = self.state
         step = f", step {state.batches_done} of epoch {state.epoch + 1}" if state.batches_done else ""
         return f"epoch {state.epoch}{step}"
-
-
-def is_run_folder(folder: Path) -> bool:
-    """Whether ``folder`` is the folder of an `mtt train` run (its options and indices)."""
-    return (folder / "options.yaml").is_file() and (folder / "indices").is_dir()
-
-
-def run_folder_of(checkpoint: Path) -> Path | None:
-    """``outputs/<date>/<time>`` for its ``model.ckpt`` and ``checkpoints/*.ckpt``."""
-    folder = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    return folder if is_run_folder(folder) else None
 
 
 def _progress(path: Path) -> tuple[int, int] | None:
@@ -147,9 +136,9 @@ def _refuse(changes: list[OptionChange], path: Path, run_folder: Path | None) ->
     )
 
 
-def prepare_restart(
+def find_restart_point(
     request: str | None, options: ComposedOptions, options_file: Path, world_size: int
-) -> Restart | None:
+) -> RestartPoint | None:
     """The checkpoint to continue, checked against ``options`` (nothing is written before);
     the seed of the checkpoint is adopted when this run's was drawn at random."""
     if request is None:
@@ -194,10 +183,10 @@ def prepare_restart(
     hypers = parse_options(architecture.hypers_class, state.identity.model_hypers, "architecture.model")
     if state.best_epoch == 0 and state.epoch > 0:  # a checkpoint of mtt 0.1.0: the best epoch is unknown
         state.best_epoch = state.epoch
-    return Restart(state, path, run_folder, hypers, [c for c in changes if not c.refused_because])
+    return RestartPoint(state, path, run_folder, hypers, [c for c in changes if not c.refused_because])
 
 
-def check_restart_data(restart: Restart, splits: Splits, info: DatasetInfo) -> None:
+def check_restart_data(restart: RestartPoint, splits: Splits, info: DatasetInfo) -> None:
     """The structures of every set are the checkpoint's (or, for checkpoints that do not
     record them, at least its elements and targets); ``info`` is what the model predicts
     (with a fine-tuned checkpoint's elements and targets)."""
@@ -226,7 +215,7 @@ def is_complete(state: TrainingState, num_epochs: int, patience: int | None) -> 
     return state.epoch >= num_epochs or stopped_early
 
 
-def say_complete(restart: Restart, num_epochs: int) -> None:
+def say_complete(restart: RestartPoint, num_epochs: int) -> None:
     """A finished run asked to continue: nothing to train, nothing written."""
     state = restart.state
     run = restart.run_folder
@@ -243,3 +232,50 @@ def say_complete(restart: Restart, num_epochs: int) -> None:
         why,
         model,
     )
+
+
+class Restart(RunStart):
+    """A run that continues from a checkpoint of one begun in the way of ``continued`` (new
+    or fine-tuning), with that checkpoint's model and state."""
+
+    def __init__(self, point: RestartPoint, continued: RunStart):
+        super().__init__(continued.options)
+        self.point = point
+        self.continued = continued
+
+    @property
+    def model_hypers(self) -> Any:
+        return self.point.model_hypers
+
+    def already_complete(self) -> bool:
+        hypers = self.options.trainer_hypers
+        if not is_complete(self.point.state, hypers.num_epochs, hypers.early_stopping_patience):
+            return False
+        say_complete(self.point, hypers.num_epochs)
+        return True
+
+    def model_info(self, splits: Splits) -> DatasetInfo:
+        info = self.continued.model_info(splits)
+        check_restart_data(self.point, splits, info)
+        return info
+
+    def begin(self, run: RunParts, identity: RunIdentity) -> TrainingState:
+        point = self.point
+        self.continued.resume(run.model, run.splits, run.trainer)
+        state = point.state
+        try:
+            run.model.load_state_dict(state.model_state)
+        except RuntimeError as error:  # the checks before make this a bug, not the user's doing
+            raise CheckpointError(
+                f"the weights of '{point.path}' do not fit the model built from its own hyperparameters "
+                f"({str(error).splitlines()[0]}).",
+                hint="The checkpoint may come from a modified architecture; export it with the mtt that wrote it.",
+            ) from error
+        state.identity = identity
+        run_of = f" (run {point.run_folder})" if point.run_folder is not None else ""
+        LOGGER.info("continuing after %s from %s%s", point.where(), point.path, run_of)
+        for change in point.applied:
+            LOGGER.info("restart: %s", change.describe())
+        if run.trainer.environment.is_main and point.run_folder is not None:  # the metrics cover the whole history
+            continue_metrics(point.run_folder / "metrics.csv", run.run_folder / "metrics.csv", state.epoch)
+        return state

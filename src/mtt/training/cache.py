@@ -21,7 +21,7 @@ import torch
 from ..data.batching import structure_bytes
 from ..data.flat_batch import FlatBatch
 from ..data.readers import Structure
-from ..outputs import LOGGER
+from ..outputs.logs import LOGGER
 
 
 def _bytes(data: dict[str, torch.Tensor]) -> int:

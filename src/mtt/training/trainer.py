@@ -21,8 +21,9 @@ from ..data.readers import Structure
 from ..data.structure_sets import StructureSet, sample_for_statistics
 from ..distributed import DistributedEnvironment, share
 from ..errors import TrainingDiverged
-from ..outputs import FILE_LOGGER, LOGGER, MetricsCsv, format_metrics
-from ..terminal import EpochTable
+from ..outputs.logs import FILE_LOGGER, LOGGER
+from ..outputs.run_folder import MetricsCsv
+from ..outputs.terminal import EpochTable
 from .averaging import WeightAverage
 from .cache import PrecomputedInputs
 from .hypers import TrainerHypers
@@ -52,6 +53,41 @@ class EpochLogger(Protocol):
     def log_epoch(
         self, epoch: int, learning_rate: float, sets: dict[str, dict[str, float]], units: dict[str, str]
     ) -> None: ...
+
+
+class Monitor(Protocol):
+    """Something a run watches besides its validation set (a fine-tuning's cost on the
+    original run's data): told of every epoch with the weights being validated, and asked
+    for its lines of the summary at the end. Its evaluations are collectives: every rank
+    calls them."""
+
+    def epoch_done(self, model: torch.nn.Module, epoch: int) -> None: ...
+
+    def summary_lines(self, model: torch.nn.Module, state: TrainingState) -> list[str]: ...
+
+
+def describe_training(hypers: TrainerHypers, world_size: int) -> str:
+    """The schedule of a run in a line: what metatrain's options turn into is visible."""
+    batch = f"batch {hypers.batch_size}" + (
+        f" per rank ({hypers.batch_size * world_size} in all)" if world_size > 1 else ""
+    )
+    if hypers.max_atoms_per_batch is not None:
+        batch = f"batches packed to {hypers.max_atoms_per_batch} atoms" + (
+            f" per rank ({hypers.max_atoms_per_batch * world_size} in all)" if world_size > 1 else ""
+        )
+    plateau = PlateauSchedule(hypers.scheduler_patience, hypers.scheduler_factor)  # its defaults filled in
+    schedule = {
+        "cosine": f"cosine decay to {hypers.final_lr_fraction:g} of it",
+        "constant": "constant",
+        "plateau": f"times {plateau.factor:g} when the validation loss has not decreased for more than "
+        f"{plateau.patience} epochs",
+    }[hypers.schedule]
+    stop = (
+        f", stops after {hypers.early_stopping_patience} epochs without a better model"
+        if hypers.early_stopping_patience
+        else ""
+    )
+    return f"{hypers.num_epochs} epochs, {batch}, learning rate {hypers.learning_rate:g} ({schedule}){stop}"
 
 
 class Trainer:
@@ -89,10 +125,8 @@ class Trainer:
         self._train_set = 0  # id of the training set
         self.training_seconds = 0.0  # in the training steps, waiting for data included
         self.first_step_logged = False
-        #: other sets evaluated every so many epochs, with their own targets: name ->
-        #: (structures, info, interval, the model they are evaluated with, from the trained
-        #: one); their errors go to the log
-        self.monitored: dict[str, tuple[StructureSet, DatasetInfo, int, Callable]] = {}
+        #: told of every epoch, and asked for lines of the summary (see :class:`Monitor`)
+        self.monitors: list[Monitor] = []
 
     def loader(self, structures: StructureSet, model: torch.nn.Module) -> BatchLoader:
         """The loader of a set, made once (its workers stay for the whole run)."""
@@ -125,6 +159,10 @@ class Trainer:
             f"waiting for data ({100 * loader.waited / self.training_seconds:.1f}%), {loader.workers} worker"
             f"{'s' if loader.workers != 1 else ''} per rank"
         )
+
+    def monitors_summary(self, model: torch.nn.Module, state: TrainingState) -> list[str]:
+        """The lines the monitors add to the summary, for ``model`` (the best one); on every rank."""
+        return [line for monitor in self.monitors for line in monitor.summary_lines(model, state)]
 
     def close(self) -> None:
         """Stop the loaders' workers."""
@@ -431,16 +469,8 @@ class Trainer:
                             state.best_figure = figure
                             state.best_model_state = _snapshot(model)
                             state.best_epoch, state.best_validation = epoch, validation_metrics.results()
-                        for name, (structures, info, interval, evaluated) in self.monitored.items():
-                            if epoch % interval == 0:
-                                watched = self.evaluate(evaluated(model), structures, None, info)
-                                if main:
-                                    LOGGER.info(
-                                        "epoch %d, %s: %s",
-                                        epoch,
-                                        name,
-                                        format_metrics(watched.results(), watched.units(), hypers.log_mae),
-                                    )
+                        for monitor in self.monitors:
+                            monitor.epoch_done(model, epoch)
                     learning_rate = optimizer.param_groups[0]["lr"] if optimizer else 0.0
                     if plateau is not None and scheduler is not None:  # the same loss on every rank
                         if plateau.step(validation_metrics.results()["loss"]) and main:
