@@ -203,6 +203,22 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(tmp_path / "single"))
 
 
+def test_torchrun_matches_one_process_when_a_global_batch_lacks_an_element(tmp_path):
+    """With 8 structures a step, some steps have no Au atom: in one process its network
+    gets no gradient and Adam leaves it alone, and so must the ranks (a zero gradient would
+    move it by the optimiser's momentum)."""
+    text = emt_options(SMALL_SOAP, "{batch_size: 4, num_epochs: 2}", seed=4)
+    options = write_options(tmp_path, text)
+    result = torchrun_train(options, tmp_path)
+    assert result.returncode == 0, result.stderr
+    single = tmp_path / "single"
+    single.mkdir()
+    command = [sys.executable, "-m", "mtt", "train", str(write_options(single, text)), "architecture.training.batch_size=8"]
+    reference = subprocess.run(command, cwd=single, capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr
+    assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
+
+
 def one_process(tmp_path: Path, text: str, prepare=None) -> Path:
     """The folder of a one-process run of the options ``text`` with batches of 16 (two
     ranks' of 8), its data made by ``prepare(folder)`` when given."""

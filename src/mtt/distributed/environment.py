@@ -89,17 +89,26 @@ class DistributedEnvironment:
             tensor.copy_(moved.to(tensor.device))
 
     def average_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
-        """Average the gradients of all ranks in one collective (what DDP does)."""
+        """Average the gradients of all ranks in one collective (what DDP does).
+
+        A parameter that no rank has a gradient for (the network of an element that no
+        structure of the global batch has) keeps none, as in one process: the optimiser then
+        leaves it alone, where a zero gradient would still move it by Adam's momentum."""
         if not self.enabled:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
-        flat = torch.cat([g.reshape(-1) for g in grads]).to(self.device)
+        has_gradient = [float(p.grad is not None) for p in parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [grads[0].new_tensor(has_gradient)]).to(self.device)
         torch.distributed.all_reduce(flat)
         flat /= self.world_size
         offset = 0
-        for parameter, grad in zip(parameters, grads):
+        ranks_with_gradient = flat[-len(parameters) :].tolist()
+        for parameter, grad, present in zip(parameters, grads, ranks_with_gradient):
             count = grad.numel()
-            parameter.grad = flat[offset : offset + count].reshape(grad.shape).to(grad.device)
+            if present > 0:
+                parameter.grad = flat[offset : offset + count].reshape(grad.shape).to(grad.device)
+            else:
+                parameter.grad = None
             offset += count
 
     def all_reduce_max(self, value: float) -> float:
