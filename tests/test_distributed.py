@@ -213,7 +213,8 @@ def test_torchrun_matches_one_process_when_a_global_batch_lacks_an_element(tmp_p
     assert result.returncode == 0, result.stderr
     single = tmp_path / "single"
     single.mkdir()
-    command = [sys.executable, "-m", "mtt", "train", str(write_options(single, text)), "architecture.training.batch_size=8"]
+    options = str(write_options(single, text))
+    command = [sys.executable, "-m", "mtt", "train", options, "architecture.training.batch_size=8"]
     reference = subprocess.run(command, cwd=single, capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr
     assert_same_epochs(epoch_metrics(tmp_path), epoch_metrics(single))
