@@ -3,6 +3,7 @@ metatomic's own calculator, in fresh processes that never import mtt."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -258,6 +259,7 @@ def test_eval_without_targets_only_predicts(tmp_path, emt_model):
 def _table(output: str) -> dict[str, float]:
     """RMSE by quantity from the table `mtt eval` prints."""
     rows = output[output.index("quantity") :].splitlines()[1:]
+    rows = list(itertools.takewhile(lambda row: "uncertainty" not in row, rows))  # the report that follows
     return {" ".join(row.split()[:-3]): float(row.split()[-3]) for row in rows if len(row.split()) >= 4}
 
 

@@ -70,6 +70,17 @@ def atomistic_model(
             explicit_gradients=[],
             description=target.description or f"{target.name}, trained with mtt",
         )
+    factors = model.uncertainty.factors
+    for i, (target, output) in enumerate(zip(info.targets.values(), model.output_names)):
+        name = model.uncertainty_names[i]
+        if name and float(factors[model.output_starts[i]]) > 0:  # fitted and calibrated
+            outputs[name] = ModelOutput(
+                unit=target.unit,
+                sample_kind="atom",
+                explicit_gradients=[],
+                description=f"standard deviation of {output} (last-layer posterior, calibrated on the "
+                "validation set); per atom: the atom's local uncertainty, per structure: the structure's",
+            )
     capabilities = ModelCapabilities(
         outputs=outputs,
         atomic_types=list(info.atomic_types),

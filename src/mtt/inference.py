@@ -34,6 +34,12 @@ class EvaluatedModel:
         self.dtype = torch.float64 if capabilities.dtype == "float64" else torch.float32
         self.output_names: list[str] = []
         self.targets: dict[str, TargetInfo] = {}
+        #: the energies with an uncertainty, and its output: {"energy": "energy_uncertainty"}
+        self.uncertainties = {
+            "energy" + name[len("energy_uncertainty") :]: name
+            for name in capabilities.outputs
+            if name == "energy_uncertainty" or name.startswith("energy_uncertainty/")
+        }
         for name, output in capabilities.outputs.items():
             if name != "energy" and not name.startswith(("mtt::", "energy/")):
                 continue

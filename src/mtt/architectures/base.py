@@ -62,6 +62,42 @@ class CompositionBaseline(torch.nn.Module):
         return offsets + raw * self.scales.to(raw.dtype)
 
 
+def uncertainty_name(output: str) -> str:
+    """metatomic's name of the uncertainty of an energy output: 'energy_uncertainty', or
+    'energy_uncertainty/xtb' for 'energy/xtb'."""
+    return "energy_uncertainty" + output[len("energy") :]
+
+
+class LastLayerUncertainty(torch.nn.Module):
+    """The calibrated last-layer posterior of a trained model (LLPR: Bigi, Chong, Ceriotti and
+    Grasselli, arXiv 2403.02251): the inverse of the regularised covariance of the training
+    structures' last-layer features, and one calibrated factor per output column (zero:
+    no uncertainty for that column).
+
+    An output's variance for a structure (or an atom) with summed features ``f`` is
+    ``factor**2 * f @ inverse @ f``. It is fitted by the framework after training
+    (:mod:`mtt.training.uncertainty`); checkpoints of an mtt without it load as unfitted.
+    """
+
+    def __init__(self, n_features: int, n_columns: int):
+        super().__init__()
+        self.register_buffer("inverse", torch.zeros(n_features, n_features, dtype=torch.float64))
+        self.register_buffer("factors", torch.zeros(n_columns, dtype=torch.float64))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        for name, value in self._buffers.items():  # checkpoints from before uncertainties: unfitted
+            if prefix + name not in state_dict and value is not None:
+                state_dict[prefix + name] = torch.zeros_like(value)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, features: torch.Tensor, column: int) -> torch.Tensor:
+        """Standard deviations of output ``column``, (rows, 1), for rows of features."""
+        # in float64 even in a model cast to float32: the quadratic form cancels large terms
+        rows = features.to(torch.float64)
+        variances = (rows @ self.inverse.to(torch.float64) * rows).sum(1, keepdim=True)
+        return self.factors[column].to(torch.float64) * torch.sqrt(variances.clamp(min=0.0))
+
+
 class Model(torch.nn.Module):
     """Base class of the models of all architectures."""
 
@@ -93,7 +129,20 @@ class Model(torch.nn.Module):
             start += target.width
         self.n_columns = start
         self.composition = CompositionBaseline(self.atomic_types, self.n_columns)
+        #: for each output, its uncertainty's name, or "" for outputs that have none (all
+        #: but energies per structure); :meth:`offer_last_layer_features` sizes the posterior
+        self.uncertainty_names: List[str] = [
+            uncertainty_name(name) if name.startswith("energy") and not t.per_atom and not t.vector else ""
+            for name, t in zip(self.output_names, info.targets.values())
+        ]
+        self.uncertainty = LastLayerUncertainty(0, self.n_columns)
         self._xyz = Labels("xyz", torch.tensor([[0], [1], [2]]))
+
+    @torch.jit.unused
+    def offer_last_layer_features(self, n_features: int) -> None:
+        """Called by an architecture's ``__init__`` that implements
+        :meth:`per_atom_outputs_and_features`: its models then get last-layer uncertainties."""
+        self.uncertainty = LastLayerUncertainty(n_features, self.n_columns)
 
     # -- what an architecture implements -------------------------------------------------
     def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
@@ -108,6 +157,14 @@ class Model(torch.nn.Module):
         derivatives of its output with respect to the positions and pair vectors.
         """
         raise NotImplementedError
+
+    def per_atom_outputs_and_features(self, batch: FlatBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`per_atom_outputs`, and every atom's last-layer features (atoms, n): the
+        inputs of the linear map that gives the scalar outputs, so that an atom's scalar
+        contributions are those features times the last weights. An architecture that
+        implements it calls :meth:`offer_last_layer_features` with n; the framework then
+        fits last-layer uncertainties of its energies."""
+        raise NotImplementedError("this architecture offers no last-layer features")
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         """Neighbour lists the model reads (``batch.neighbors``, in this order)."""
@@ -177,6 +234,8 @@ class Model(torch.nn.Module):
             source = self.inherited_name(name, old)
             if source is None or name == "composition.type_to_index":  # new, or made from the elements
                 continue
+            if name.startswith("uncertainty."):  # fitted again for the fine-tuned weights
+                continue
             previous = theirs[source]
             axes = self.indexed_axes(name, old)
             if name == "composition.weights":
@@ -243,7 +302,16 @@ class Model(torch.nn.Module):
         batch = batch_of_systems(systems, self.requested_neighbor_lists())
         types = batch.types
         device = types.device
-        per_atom = self.composition(types, self.per_atom_outputs(batch))
+        uncertain = False
+        for name in self.uncertainty_names:
+            if name != "" and name in outputs:
+                uncertain = True
+        if uncertain:  # the features cost nothing extra, but only their requests compute them
+            raw, features = self.per_atom_outputs_and_features(batch)
+        else:
+            raw = self.per_atom_outputs(batch)
+            features = raw[:, :0]
+        per_atom = self.composition(types, raw)
         if device.type == "cpu":
             per_atom = per_atom + keep_step_memory_hint(per_atom)
         keys = Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=device))
@@ -253,7 +321,7 @@ class Model(torch.nn.Module):
                 per_atom_requested = True
 
         results: Dict[str, TensorMap] = {}
-        if len(systems) == 1 and selected_atoms is None and not per_atom_requested:
+        if len(systems) == 1 and selected_atoms is None and not per_atom_requested and not uncertain:
             totals = per_atom.sum(0, keepdim=True)
             samples = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
             for i, name in enumerate(self.output_names):
@@ -272,24 +340,39 @@ class Model(torch.nn.Module):
             chosen = selected_atoms.values.to(device)
             selected[first_atom[chosen[:, 0]] + chosen[:, 1]] = True
             per_atom = per_atom[selected]
+            features = features[selected]
             system_of_atom = system_of_atom[selected]
             atom_numbers = atom_numbers[selected]
+        atom_in_system = atom_numbers - first_atom[system_of_atom]
+        system_samples = Labels(["system"], torch.arange(len(systems), device=device, dtype=torch.int32)[:, None])
         for i, name in enumerate(self.output_names):
             if name not in outputs:
                 continue
             start = self.output_starts[i]
             values = per_atom[:, start : start + self.output_widths[i]]
             if outputs[name].sample_kind == "atom":
-                atom_in_system = atom_numbers - first_atom[system_of_atom]
-                samples = Labels(
-                    ["system", "atom"],
-                    torch.stack([system_of_atom, atom_in_system], dim=1).to(torch.int32),
-                )
+                samples = Labels(["system", "atom"], torch.stack([system_of_atom, atom_in_system], 1).to(torch.int32))
             else:
                 summed = torch.zeros((len(systems), values.shape[1]), dtype=values.dtype, device=device)
                 values = summed.index_add(0, system_of_atom, values)
-                samples = Labels(["system"], torch.arange(len(systems), device=device, dtype=torch.int32)[:, None])
+                samples = system_samples
             results[name] = TensorMap(keys, [self._block(i, values, samples)])
+        if uncertain:
+            one = Labels("_", torch.zeros((1, 1), dtype=torch.int32, device=device))
+            for i, name in enumerate(self.uncertainty_names):
+                if name == "" or name not in outputs:
+                    continue
+                if outputs[name].sample_kind == "atom":  # an atom's own uncertainty: its local one
+                    rows = features
+                    samples = Labels(
+                        ["system", "atom"], torch.stack([system_of_atom, atom_in_system], 1).to(torch.int32)
+                    )
+                else:  # a structure's: of its summed features, not a sum of its atoms'
+                    rows = torch.zeros((len(systems), features.shape[1]), dtype=features.dtype, device=device)
+                    rows, samples = rows.index_add(0, system_of_atom, features), system_samples
+                values = self.uncertainty(rows, self.output_starts[i]).to(per_atom.dtype)
+                block = TensorBlock(values=values, samples=samples, components=[], properties=one)
+                results[name] = TensorMap(keys, [block])
         return results
 
 

@@ -11,6 +11,7 @@ import ase.io
 import torch
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.data import chemical_symbols
+from metatomic.torch import ModelOutput
 
 from ..data.batching import Batch, batch_indices, compute_neighbor_lists, make_batch
 from ..data.dataset import DatasetInfo
@@ -22,6 +23,7 @@ from ..outputs.display import display
 from ..outputs.logs import LOGGER, setup_logging
 from ..training.loss import Metrics, Term, term_label, terms_of, with_reference
 from ..training.predictions import Predictions, predict
+from ..training.uncertainty import binned_calibration, calibration_figures
 from .eval_sets import sets_to_evaluate
 
 
@@ -124,6 +126,9 @@ def _evaluate_dataset(
     terms = terms_of(reference)
     metrics = Metrics(terms)
     pairs: dict[str, tuple[list, list]] = {t.label: ([], []) for t in terms}
+    # energies with an uncertainty: their errors and predicted deviations, per structure
+    uncertain = {t: output for t, output in model.uncertainties.items() if t in info.targets}
+    deviations: dict[str, tuple[list, list]] = {target: ([], []) for target in uncertain}
     started = time.monotonic()
     target_file.parent.mkdir(parents=True, exist_ok=True)
     target_file.write_text("")  # the predictions are appended batch by batch
@@ -142,12 +147,25 @@ def _evaluate_dataset(
             *({k: v.detach() for k, v in part.items()} for part in (computed.values, computed.forces, computed.stress))
         )
         metrics.update(predictions, batch)
+        frames = _frames_of(chosen, predictions, info, reference)
+        if uncertain:
+            requested = {output: ModelOutput(unit="eV", sample_kind="system") for output in uncertain.values()}
+            computed = model(batch.systems, requested)
+            for target, output in uncertain.items():
+                deviation = computed[output].block().values.detach().double().reshape(-1)
+                for frame, value in zip(frames, deviation.tolist()):
+                    frame.info[output.replace("/", "_")] = value
+                if target in batch.values:
+                    has = batch.present.get((target, "values"), torch.ones(len(batch), dtype=torch.bool))
+                    error = predictions.values[target].double().reshape(-1) - batch.values[target].double().reshape(-1)
+                    deviations[target][0].append(error[has])
+                    deviations[target][1].append(deviation[has])
         for term in terms:
             if term.target not in getattr(batch, term.kind):  # no structure of the batch has it
                 continue
             pairs[term.label][0].append(_flat(term, getattr(batch, term.kind)[term.target], batch))
             pairs[term.label][1].append(_flat(term, getattr(predictions, term.kind)[term.target], batch))
-        ase.io.write(target_file, _frames_of(chosen, predictions, info, reference), format="extxyz", append=True)
+        ase.io.write(target_file, frames, format="extxyz", append=True)
         if bar is not None:
             bar.update(len(chosen))
         elif len(batches) >= 10 and count % (len(batches) // 10) == 0:
@@ -166,6 +184,9 @@ def _evaluate_dataset(
     )
     if terms:
         _print_table(metrics)
+    for target, (errors, predicted) in deviations.items():
+        if errors:
+            _report_uncertainty(target, torch.cat(errors), torch.cat(predicted), target_file if plots else None)
     if plots and not terms:
         LOGGER.info(
             "no parity plot: %s gives no reference values (no targets), so there is nothing to plot the "
@@ -254,3 +275,45 @@ def _print_table(metrics: Metrics) -> None:
                 for i, (cell, width) in enumerate(zip(row, widths))
             )
         )
+
+
+def _report_uncertainty(target: str, errors: torch.Tensor, deviations: torch.Tensor, plot_next_to: Path | None) -> None:
+    """How the predicted uncertainty of an energy describes its errors on this set."""
+    figures = calibration_figures(errors, deviations)
+    scale, unit = display(1.0, "eV")
+    LOGGER.info(
+        "%s uncertainty on %d structures: rank correlation with |error| (Spearman) %.3f, negative "
+        "log-likelihood %.4g (energies in eV), miscalibration area %.3f (0: calibrated)",
+        target,
+        len(errors),
+        figures["spearman"],
+        figures["nll"],
+        figures["miscalibration_area"],
+    )
+    bins = binned_calibration(errors, deviations)
+    LOGGER.info("  %-22s %-16s %s", f"predicted [{unit}]", f"observed RMSE [{unit}]", "structures")
+    for predicted, observed, count in bins:
+        LOGGER.info("  %-22.4g %-16.4g %d", predicted * scale, observed * scale, count)
+    if plot_next_to is None:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise EnvironmentProblem("--plots needs matplotlib.", hint="pip install matplotlib") from error
+    figure, axes = plt.subplots(figsize=(4.5, 4.5), layout="constrained")
+    x = [b[0] * scale for b in bins]
+    y = [b[1] * scale for b in bins]
+    high = max(x + y)
+    axes.plot([0, high], [0, high], color="grey", linewidth=1, label="calibrated")
+    axes.plot(x, y, marker="o", label="observed")
+    axes.set_xlabel(f"predicted {target} uncertainty [{unit}]")
+    axes.set_ylabel(f"observed {target} RMSE [{unit}]")
+    axes.set_title(f"miscalibration area {figures['miscalibration_area']:.3f}, Spearman {figures['spearman']:.2f}")
+    axes.legend()
+    path = plot_next_to.with_name(f"{plot_next_to.stem}_calibration_{target.replace('/', '_')}.png")
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    LOGGER.info("calibration plot of the %s uncertainty written to %s", target, path)

@@ -7,6 +7,7 @@ How the run begins (a new model, a fine-tuning, a restart of either) is decided 
 from __future__ import annotations
 
 import resource
+import textwrap
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from ..outputs.terminal import print_summary, summary_lines
 from ..starts import RunParts, choose_start
 from ..training.loss import Metrics
 from ..training.trainer import Trainer, describe_training
+from ..training.uncertainty import fit_best_model_uncertainty, wants_uncertainty
 from .context import RunContext
 
 
@@ -57,6 +59,7 @@ def train(
     model_info = start.model_info(splits)  # what the model predicts; splits.info is what is learned
     architecture.check_targets(model_info.targets.values())
     model = start.build_model(architecture, model_info, environment.device, dtype)
+    uncertain = wants_uncertainty(model, hypers, architecture.name)
     with architectures.blame_architecture(architecture):
         requests = model.requested_neighbor_lists()
     for structures in splits.sets.values():
@@ -77,6 +80,13 @@ def train(
             loading = trainer.describe_loading()
             if main:
                 FILE_LOGGER.info("data loading: %s", loading)
+        uncertainty_lines = []
+        if uncertain:
+            fitted = fit_best_model_uncertainty(trainer, model, state, splits.train, splits.validation)
+            uncertainty_lines = textwrap.wrap(
+                f"uncertainty: {fitted.describe()}", 78, initial_indent="  ", subsequent_indent="    "
+            )
+            FILE_LOGGER.info("uncertainty: %s", fitted.describe())
         if main:
             state.save(folder / "model.ckpt", model)
 
@@ -106,7 +116,7 @@ def train(
         lines = summary_lines(
             state.best_epoch, state.epoch, hypers.best_model_metric, state.best_validation, test, units, files
         )
-        print_summary(lines[: -len(files)] + monitor_lines + lines[-len(files) :])
+        print_summary(lines[: -len(files)] + uncertainty_lines + monitor_lines + lines[-len(files) :])
     environment.shutdown()
 
 

@@ -134,6 +134,13 @@ class TrainerHypers:
     fixed_composition_weights: dict[str, dict[int, float]] = option(
         {}, "Per-element baseline values to use instead of fitting them: {target: {Z: value}}."
     )
+    uncertainty: Optional[bool] = option(
+        None,
+        "Fit last-layer uncertainties of the energies after training (LLPR: one pass over the training "
+        "set, calibrated on the validation set), exported as energy_uncertainty per structure and per "
+        "atom. null: when the architecture offers last-layer features; true: required (an architecture "
+        "without them is refused before training); false: none.",
+    )
     checkpoint_interval: int = option(25, "Write a checkpoint every this many epochs.")
     log_interval: int = option(1, "Print a progress line every this many epochs (files only).")
     log_mae: bool = option(False, "Print MAEs beside RMSEs in the progress lines.")

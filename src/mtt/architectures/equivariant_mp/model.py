@@ -125,8 +125,17 @@ class EquivariantMp(Model):
         # the training set's average number of neighbours, which normalises the sums over
         # neighbours (:meth:`adapt_to_data`); kept in checkpoints and exported models
         self.register_buffer("average_neighbors", torch.tensor(1.0, dtype=torch.float64))
+        # last-layer features: what every layer's readout multiplies by its last weights
+        self.offer_last_layer_features((hypers.num_layers - 1) * channels + hypers.readout_hidden)
 
     def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
+        return self._outputs(batch, False)[0]
+
+    def per_atom_outputs_and_features(self, batch: FlatBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self._outputs(batch, True)
+
+    def _outputs(self, batch: FlatBatch, with_features: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Every atom's contributions, and with ``with_features`` its last-layer features."""
         species = self.type_to_index[batch.types.long()]
         # atoms sorted by element, so that what depends on the element takes slices
         order = torch.argsort(species, stable=True)
@@ -147,9 +156,15 @@ class EquivariantMp(Model):
 
         features = self.embedding[species.index_select(0, order)][:, :, None]
         outputs = torch.zeros((len(order), self.n_columns), dtype=distances.dtype, device=distances.device)
+        last_layer: List[torch.Tensor] = []
         for layer in self.layers:
             features = layer(features, counts, harmonics, radial_basis, first, second, average_neighbors)
-            outputs = outputs + layer.readout(features[:, :, 0])
+            if with_features:
+                contribution, inputs = layer.readout.forward_with_features(features[:, :, 0])
+                last_layer.append(inputs)
+            else:
+                contribution = layer.readout(features[:, :, 0])
+            outputs = outputs + contribution
         if len(self.vector_columns) > 0:
             # l = 1 components are (y, z, x): taken as (x, y, z)
             vectors = features[:, :, 1:4].index_select(2, torch.tensor([2, 0, 1], device=features.device))
@@ -157,7 +172,9 @@ class EquivariantMp(Model):
             vectors = torch.einsum("acm,cp->apm", vectors, weights)
             for number, column in enumerate(self.vector_columns):
                 outputs[:, column : column + 3] = vectors[:, number]
-        return outputs.index_select(0, position)
+        if with_features:
+            return outputs.index_select(0, position), torch.cat(last_layer, dim=1).index_select(0, position)
+        return outputs.index_select(0, position), outputs[:0]
 
     def requested_neighbor_lists(self) -> List[NeighborListOptions]:
         return [self.neighbor_list]

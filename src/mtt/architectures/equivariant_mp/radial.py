@@ -9,7 +9,7 @@ No ``from __future__ import annotations`` here: TorchScript compiles these modul
 """
 
 import math
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -66,6 +66,23 @@ class NormalizedMlp(torch.nn.Module):
                 result = torch.nn.functional.silu(result)
                 scale = self.silu_normalization
         return result
+
+    def forward_with_features(self, inputs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, and the inputs of its last matrix with the factor that multiplies
+        it: the outputs are those features times the last weights."""
+        result = inputs
+        last = len(self.fan_in) - 1
+        scale = 1.0
+        features = inputs
+        for number, weight in enumerate(self.weights):
+            factor = scale / math.sqrt(self.fan_in[number])
+            if number == last:
+                features = result * factor
+            result = result @ (weight * factor)
+            if number < last:
+                result = torch.nn.functional.silu(result)
+                scale = self.silu_normalization
+        return result, features
 
 
 class RadialNetwork(NormalizedMlp):

@@ -59,6 +59,10 @@ class SoapBpnn(Model):
             if vector and per_atom:
                 raise ValueError(f"SOAP-BPNN cannot predict a vector per atom ({name})")
         self.has_vectors = any(self.output_vectors)
+        #: an atom's last-layer features: the inputs of its element's last layer, and a one
+        #: for its bias, in that element's block
+        self.last_width = self.networks[0][-1].in_features + 1
+        self.offer_last_layer_features(len(self.atomic_types) * self.last_width)
 
     def per_atom_outputs(self, batch: FlatBatch) -> torch.Tensor:
         """Exported models compute the features with the plain torch operations of
@@ -108,6 +112,31 @@ class SoapBpnn(Model):
             if len(atoms) > 0:  # this element is in the batch
                 result = result.index_add(0, atoms, network(features.index_select(0, atoms)))
         return result
+
+    def per_atom_outputs_and_features(self, batch: FlatBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_exported_outputs` with every atom's features before its network's last layer."""
+        pairs = batch.neighbors[0]
+        types = batch.types
+        soap = self.soap(types, pairs.first, pairs.second, pairs.vectors)
+        outputs = torch.zeros((len(types), self.n_columns), dtype=soap.dtype, device=soap.device)
+        features = torch.zeros((len(types), len(self.networks) * self.last_width), dtype=soap.dtype, device=soap.device)
+        for i, network in enumerate(self.networks):
+            atoms = torch.nonzero(types == self.atomic_types[i]).reshape(-1)
+            if len(atoms) > 0:  # this element is in the batch
+                hidden = soap.index_select(0, atoms)
+                last = len(network) - 1
+                for number, layer in enumerate(network):
+                    if number == last:
+                        outputs = outputs.index_add(0, atoms, layer(hidden))
+                    else:
+                        hidden = layer(hidden)
+                ones = torch.ones((len(atoms), 1), dtype=soap.dtype, device=soap.device)
+                block = torch.zeros((len(types), self.last_width), dtype=soap.dtype, device=soap.device)
+                block = block.index_copy(0, atoms, torch.cat([hidden, ones], dim=1))
+                features[:, i * self.last_width : (i + 1) * self.last_width] = block
+        if self.has_vectors:
+            outputs = self._with_dipoles(outputs, batch)
+        return outputs, features
 
     def _by_element(self, types: torch.Tensor) -> Tuple[torch.Tensor, List[int], torch.Tensor]:
         """The atoms element by element (``order``), how many of each, and where each went.

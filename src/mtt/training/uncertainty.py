@@ -1,0 +1,232 @@
+"""Last-layer uncertainties of a trained model, fitted after training (LLPR).
+
+The covariance of the training structures' summed last-layer features is accumulated in
+float64, each rank over its part of the set and summed over ranks, so that N ranks give
+the numbers of one process. Its regularisation and the factor of every energy output are
+then chosen on the validation set by the Gaussian negative log-likelihood of its errors:
+for a regularisation, the factor that minimises it is ``sqrt(mean(error**2 / v))``, with
+``v = f @ (C + r I)^-1 @ f``, and the regularisation kept is the one of the lowest
+likelihood over a grid of decades.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..architectures import blame_architecture
+from ..data.structure_sets import StructureSet
+from ..errors import OptionsError
+from .hypers import TrainerHypers
+from .state import TrainingState
+from .trainer import Trainer
+
+#: regularisations tried, times the mean eigenvalue of the covariance
+REGULARISATIONS = [10.0**k for k in range(-10, 2)]
+
+
+@dataclass
+class UncertaintyFit:
+    """What fitting cost and found, for the summary and the log."""
+
+    seconds: float
+    features: int
+    structures: int
+    regularisation: float  # relative to the covariance's mean eigenvalue
+    factors: dict[str, float]
+    nll: float  # per validation structure, summed over the energy outputs
+
+    def describe(self) -> str:
+        if not self.factors:
+            return "not fitted: the validation set has no energies to calibrate it on"
+        regularised = " (fewer than its features: regularised)" if self.structures < self.features else ""
+        return (
+            f"{', '.join(self.factors)} from {self.features} last-layer features, fitted in "
+            f"{self.seconds:.1f} s on {self.structures} training structures{regularised}, calibrated "
+            f"on the validation set (NLL {self.nll:.3g} per structure, regularisation "
+            f"{self.regularisation:g} of the mean eigenvalue)"
+        )
+
+
+def energy_columns(model: torch.nn.Module) -> dict[str, int]:
+    """The outputs with an uncertainty, and their column."""
+    return {
+        name: model.output_starts[i]
+        for i, (name, uncertain) in enumerate(zip(model.output_names, model.uncertainty_names))
+        if uncertain
+    }
+
+
+def offers_uncertainty(model: torch.nn.Module) -> bool:
+    return model.uncertainty.inverse.shape[0] > 0 and bool(energy_columns(model))
+
+
+def wants_uncertainty(model: torch.nn.Module, hypers: TrainerHypers, architecture: str) -> bool:
+    """Whether this run fits uncertainties (``uncertainty``: null, when offered); refuses
+    ``true`` for a model that cannot have them, before anything is trained."""
+    if hypers.uncertainty is False:
+        return False
+    offered = offers_uncertainty(model)
+    if hypers.uncertainty and not offered:
+        if model.uncertainty.inverse.shape[0] > 0:
+            why = "this model has no energy target per structure, the one kind of target it is fitted for"
+        else:
+            why = (
+                f"the '{architecture}' architecture offers no last-layer features to take it from "
+                "(Model.per_atom_outputs_and_features)"
+            )
+        raise OptionsError(
+            f"architecture.training.uncertainty is true, but {why}.",
+            hint="Use an architecture that offers them (soap_bpnn, equivariant_mp), or set uncertainty: null.",
+        )
+    return offered
+
+
+def fit_best_model_uncertainty(
+    trainer: Trainer, model: torch.nn.Module, state: TrainingState, train: StructureSet, validation: StructureSet
+) -> UncertaintyFit:
+    """Fit the uncertainty of the run's best model into ``state.best_model_state`` (what is
+    exported); ``model`` keeps its latest weights, which a restart continues from."""
+    latest = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    model.load_state_dict(state.best_model_state)
+    fitted = fit_uncertainty(trainer, model, train, validation)
+    for name, value in model.uncertainty.state_dict(prefix="uncertainty.").items():
+        state.best_model_state[name] = value.detach().clone()
+    model.load_state_dict(latest)
+    return fitted
+
+
+def _features_of_set(
+    trainer: Trainer, model: torch.nn.Module, structures: StructureSet, columns: dict[str, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's part of a set: every structure's summed last-layer features (float64),
+    its energy outputs' errors and whether each has a reference."""
+    rows, errors, present = [], [], []
+    model.eval()
+    for read in trainer.loader(structures, model).batches(trainer.set_batches(structures)):
+        batch = trainer.batch(read)
+        flat = batch.flat
+        with torch.no_grad(), blame_architecture(trainer.architecture):
+            raw, features = model.per_atom_outputs_and_features(flat)
+            per_atom = model.composition(flat.types, raw)
+        n = len(batch)
+        summed = torch.zeros((n, features.shape[1]), dtype=torch.float64, device=features.device)
+        rows.append(summed.index_add(0, flat.structure, features.double()).cpu())
+        totals = torch.zeros((n, per_atom.shape[1]), dtype=torch.float64, device=per_atom.device)
+        totals = totals.index_add(0, flat.structure, per_atom.double()).cpu()
+        error, has = [], []
+        for name, column in columns.items():
+            target = name.removeprefix("mtt::")
+            reference = batch.values.get(target)
+            if reference is None:
+                error.append(torch.zeros(n, dtype=torch.float64))
+                has.append(torch.zeros(n, dtype=torch.bool))
+                continue
+            error.append(totals[:, column] - reference[:, 0].double().cpu())
+            mask = batch.present.get((target, "values"))
+            has.append(torch.ones(n, dtype=torch.bool) if mask is None else mask.cpu())
+        errors.append(torch.stack(error, 1))
+        present.append(torch.stack(has, 1))
+    width = model.uncertainty.inverse.shape[0]
+    if not rows:
+        return torch.zeros((0, width), dtype=torch.float64), torch.zeros((0, len(columns))), torch.zeros((0, 0))
+    return torch.cat(rows), torch.cat(errors), torch.cat(present)
+
+
+def fit_uncertainty(
+    trainer: Trainer, model: torch.nn.Module, train: StructureSet, validation: StructureSet
+) -> UncertaintyFit:
+    """Fit ``model.uncertainty`` (its best weights loaded) on every rank."""
+    started = time.monotonic()
+    environment = trainer.environment
+    columns = energy_columns(model)
+    features, _, _ = _features_of_set(trainer, model, train, columns)
+    covariance = environment.all_reduce_sum(features.T @ features)
+    count = int(environment.all_reduce_sum(torch.tensor([float(len(features))], dtype=torch.float64))[0])
+    eigenvalues, vectors = torch.linalg.eigh(covariance)
+    eigenvalues = eigenvalues.clamp(min=0.0)
+    scale = float(eigenvalues.mean()) or 1.0
+    rows, errors, present = _features_of_set(trainer, model, validation, columns)
+    projected = (rows @ vectors) ** 2 if len(rows) else rows
+    # per regularisation and output: sum of error^2 / v, sum of log v, count
+    sums = torch.zeros((len(REGULARISATIONS), len(columns), 3), dtype=torch.float64)
+    for k, relative in enumerate(REGULARISATIONS):
+        if not len(rows):
+            break
+        variances = (projected / (eigenvalues + relative * scale)).sum(1).clamp(min=1e-300)
+        for c in range(len(columns)):
+            mask = present[:, c]
+            v, e = variances[mask], errors[mask, c]
+            sums[k, c] = torch.tensor([float((e**2 / v).sum()), float(torch.log(v).sum()), float(mask.sum())])
+    sums = environment.all_reduce_sum(sums)
+    best, best_nll, best_factors = len(REGULARISATIONS) - 1, math.inf, None
+    for k in range(len(REGULARISATIONS)):
+        factors, nll = [], 0.0
+        for c in range(len(columns)):
+            ratio, logs, n = sums[k, c].tolist()
+            if n == 0 or ratio <= 0:
+                factors.append(0.0)
+                continue
+            alpha2 = ratio / n
+            nll += 0.5 * (n * math.log(2 * math.pi * alpha2) + logs + n) / n
+            factors.append(math.sqrt(alpha2))
+        if nll < best_nll and any(factors):
+            best, best_nll, best_factors = k, nll, factors
+    relative = REGULARISATIONS[best]
+    inverse = (vectors / (eigenvalues + relative * scale)) @ vectors.T
+    with torch.no_grad():
+        model.uncertainty.inverse.copy_(inverse)
+        model.uncertainty.factors.zero_()
+        for column, factor in zip(columns.values(), best_factors or [0.0] * len(columns)):
+            model.uncertainty.factors[column] = factor
+    return UncertaintyFit(
+        time.monotonic() - started,
+        covariance.shape[0],
+        count,
+        relative,
+        {name.removeprefix("mtt::"): factor for name, factor in zip(columns, best_factors or [])},
+        best_nll if best_factors else math.nan,
+    )
+
+
+def calibration_figures(errors: torch.Tensor, deviations: torch.Tensor) -> dict[str, float]:
+    """How well predicted standard deviations describe the errors of a set: the Spearman
+    rank correlation of |error| and deviation, the mean Gaussian negative log-likelihood,
+    and the miscalibration area (between the fraction of errors inside each central
+    interval of the predicted Gaussians and that interval's probability; 0 is perfect)."""
+    errors, deviations = errors.double().reshape(-1), deviations.double().reshape(-1).clamp(min=1e-300)
+
+    def ranks(values: torch.Tensor) -> torch.Tensor:
+        result = torch.empty_like(values)
+        result[torch.argsort(values)] = torch.arange(len(values), dtype=values.dtype)
+        return result
+
+    a, b = ranks(errors.abs()), ranks(deviations)
+    a, b = a - a.mean(), b - b.mean()
+    spearman = float((a * b).sum() / torch.sqrt((a * a).sum() * (b * b).sum()).clamp(min=1e-300))
+    nll = float((0.5 * torch.log(2 * math.pi * deviations**2) + errors**2 / (2 * deviations**2)).mean())
+    probabilities = torch.linspace(0.0, 1.0, 101, dtype=torch.float64)
+    widths = torch.special.ndtri((1 + probabilities[1:-1]) / 2)
+    inside = (errors.abs()[None, :] <= widths[:, None] * deviations[None, :]).double().mean(1)
+    observed = torch.cat([torch.zeros(1, dtype=torch.float64), inside, torch.ones(1, dtype=torch.float64)])
+    area = float(torch.trapezoid((observed - probabilities).abs(), probabilities))
+    return {"spearman": spearman, "nll": nll, "miscalibration_area": area}
+
+
+def binned_calibration(
+    errors: torch.Tensor, deviations: torch.Tensor, bins: int = 10
+) -> list[tuple[float, float, int]]:
+    """(mean predicted deviation, observed RMSE, structures) in bins of equal counts of
+    the predicted deviation: a calibrated uncertainty has the two equal in every bin. A bin
+    holds at least five structures, or its RMSE says little."""
+    order = torch.argsort(deviations.reshape(-1))
+    result = []
+    for chunk in torch.tensor_split(order, max(1, min(bins, len(order) // 5))):
+        if len(chunk):
+            predicted = float(torch.sqrt((deviations.reshape(-1)[chunk].double() ** 2).mean()))
+            observed = float(torch.sqrt((errors.reshape(-1)[chunk].double() ** 2).mean()))
+            result.append((predicted, observed, len(chunk)))
+    return result

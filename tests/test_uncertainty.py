@@ -1,0 +1,164 @@
+"""Last-layer uncertainties: fitted at the end of `mtt train`, exported as metatomic's
+``energy_uncertainty`` and read in fresh processes without mtt, reported by `mtt eval`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EMT_DATA, SMALL_SOAP, emt_options, run_mtt, torchrun_train, write_options
+
+from mtt.training.uncertainty import binned_calibration, calibration_figures
+
+SMALL_MP = "name: equivariant_mp\nmodel: {channels: 8, max_l: 1, hidden_l: 1, correlation: 2, num_layers: 2}"
+TRAINING = "{batch_size: 8, num_epochs: 4}"
+
+
+def _train(folder: Path, architecture: str, training: str = TRAINING, seed: int = 3) -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    options = write_options(folder, emt_options(architecture, training, seed=seed))
+    result = run_mtt("train", str(options), cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module", params=["soap_bpnn", "equivariant_mp"])
+def trained(request, tmp_path_factory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp(request.param)
+    result = _train(folder, SMALL_SOAP if request.param == "soap_bpnn" else SMALL_MP)
+    return folder, result.stdout
+
+
+def _uncertainties(model: Path) -> dict:
+    """What the exported model says, in a process that never imports mtt: per-structure and
+    per-atom uncertainties of a structure, rotated and rattled, and its energy with and
+    without the uncertainty requested (only the outputs of a model that declares none)."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        import ase.io, numpy as np
+        from metatomic.torch import ModelOutput
+        from metatomic_ase import MetatomicCalculator
+
+        calculator = MetatomicCalculator({str(model)!r}, extensions_directory={str(model.parent / "extensions")!r})
+        outputs = sorted(calculator._model.capabilities().outputs)
+        if "energy_uncertainty" not in outputs:
+            print(json.dumps({{"outputs": outputs, "mtt imported": "mtt" in sys.modules}}))
+            sys.exit(0)
+
+        def run(atoms, names):
+            kinds = {{"energy": "system", "energy_uncertainty": "system", "energy_uncertainty@atom": "atom"}}
+            requests = {{n.split("@")[0]: ModelOutput(unit="eV", sample_kind=kinds[n]) for n in names}}
+            result = calculator.run_model(atoms, requests)
+            return {{n: result[n].block().values.detach().numpy().ravel().tolist() for n in result}}
+
+        atoms = ase.io.read({str(EMT_DATA)!r}, 0)
+        rotated = atoms.copy()
+        rotation = np.linalg.qr(np.random.default_rng(1).normal(size=(3, 3)))[0]
+        rotated.positions = rotated.positions @ rotation.T
+        rotated.cell = rotated.cell[:] @ rotation.T
+        rattled = atoms.copy()
+        rattled.rattle(0.3, seed=2)
+        figures = {{
+            "outputs": outputs,
+            "energy alone": run(atoms, ["energy"])["energy"],
+            "both": run(atoms, ["energy", "energy_uncertainty"]),
+            "atoms": run(atoms, ["energy_uncertainty@atom"])["energy_uncertainty"],
+            "rotated": run(rotated, ["energy_uncertainty"])["energy_uncertainty"],
+            "rattled": run(rattled, ["energy_uncertainty"])["energy_uncertainty"],
+            "n_atoms": len(atoms),
+            "mtt imported": "mtt" in sys.modules,
+        }}
+        print(json.dumps(figures))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_training_fits_an_uncertainty_that_leaves_mtt(trained):
+    folder, stdout = trained
+    summary = stdout[stdout.index("Summary") :]
+    assert "uncertainty: energy from" in summary and "calibrated" in summary
+    figures = _uncertainties(folder / "model.pt")
+    assert not figures["mtt imported"]
+    assert "energy_uncertainty" in figures["outputs"]
+    (structure,) = figures["both"]["energy_uncertainty"]
+    assert structure > 0
+    # the energy is the same whether or not the uncertainty is asked for
+    assert figures["both"]["energy"] == pytest.approx(figures["energy alone"], rel=1e-12)
+    # an atom's local uncertainty, one per atom; invariant under rotations
+    assert len(figures["atoms"]) == figures["n_atoms"] and min(figures["atoms"]) > 0
+    assert figures["rotated"][0] == pytest.approx(structure, rel=1e-6)
+    # a structure far from the training data is less certain
+    assert figures["rattled"][0] > structure
+
+
+def test_eval_reports_calibration_and_writes_the_uncertainty(trained, tmp_path):
+    folder, _ = trained
+    result = run_mtt("eval", str(folder / "model.pt"), str(EMT_DATA), "--plots", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "energy uncertainty on 100 structures: rank correlation with |error| (Spearman)" in result.stdout
+    assert "miscalibration area" in result.stdout
+    assert (tmp_path / "predictions_calibration_energy.png").stat().st_size > 0
+    first = (tmp_path / "predictions.xyz").read_text().splitlines()[1]
+    assert "energy_uncertainty=" in first
+
+
+def test_checkpoint_exports_with_its_uncertainty(trained, tmp_path):
+    folder, _ = trained
+    (checkpoint,) = folder.glob("outputs/*/*/model.ckpt")
+    result = run_mtt("export", str(checkpoint), "-o", str(tmp_path / "again.pt"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "energy_uncertainty" in _uncertainties(tmp_path / "again.pt")["outputs"]
+
+
+def test_uncertainty_can_be_turned_off(tmp_path):
+    _train(tmp_path, SMALL_SOAP, "{batch_size: 8, num_epochs: 1, uncertainty: false}")
+    assert "energy_uncertainty" not in _uncertainties(tmp_path / "model.pt")["outputs"]
+
+
+def test_uncertainty_asked_of_an_architecture_without_features_is_refused(tmp_path):
+    options = write_options(tmp_path, emt_options("name: composition", "{num_epochs: 1, uncertainty: true}"))
+    result = run_mtt("train", str(options), cwd=tmp_path)
+    assert result.returncode != 0
+    assert "uncertainty is true, but the 'composition' architecture offers no last-layer features" in result.stderr
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "model.pt").exists()
+
+
+def test_two_ranks_fit_the_uncertainty_of_one_process(tmp_path):
+    """The covariance is summed over ranks: 2 ranks with batch 4 fit what one process with batch 8 fits."""
+    states = []
+    for ranks, batch in [(1, 8), (2, 4)]:
+        folder = tmp_path / f"ranks{ranks}"
+        folder.mkdir()
+        options = write_options(folder, emt_options(SMALL_SOAP, f"{{batch_size: {batch}, num_epochs: 2}}", seed=4))
+        if ranks == 1:
+            result = run_mtt("train", str(options), cwd=folder)
+        else:
+            result = torchrun_train(options, folder, ranks)
+        assert result.returncode == 0, result.stderr
+        (checkpoint,) = folder.glob("outputs/*/*/model.ckpt")
+        states.append(torch.load(checkpoint, weights_only=True)["best_model_state"])
+    one, two = states
+    assert float(one["uncertainty.factors"][0]) > 0
+    torch.testing.assert_close(two["uncertainty.factors"], one["uncertainty.factors"], rtol=1e-6, atol=0)
+    torch.testing.assert_close(two["uncertainty.inverse"], one["uncertainty.inverse"], rtol=1e-5, atol=1e-9)
+
+
+def test_calibration_figures_of_known_distributions():
+    generator = torch.Generator().manual_seed(0)
+    deviations = torch.rand(20000, generator=generator, dtype=torch.float64) + 0.1
+    errors = torch.randn(20000, generator=generator, dtype=torch.float64) * deviations
+    calibrated = calibration_figures(errors, deviations)
+    assert calibrated["miscalibration_area"] < 0.01
+    assert calibrated["spearman"] > 0.3
+    overconfident = calibration_figures(errors, deviations / 3)
+    assert overconfident["miscalibration_area"] > 0.2 and overconfident["nll"] > calibrated["nll"]
+    assert calibration_figures(errors, torch.full_like(deviations, 0.6))["spearman"] == pytest.approx(0, abs=0.05)
+    for predicted, observed, count in binned_calibration(errors, deviations):
+        assert count == 2000 and observed == pytest.approx(predicted, rel=0.1)
