@@ -4,7 +4,8 @@ Energies in kcal/mol, and molecular dynamics in ASE
 
 This example trains a potential on reference data whose energies and forces are in
 kcal/mol, then runs molecular dynamics with it in ASE, checks that the total energy is
-conserved, and compares the model with the reference along the trajectory.
+conserved, compares the model with the reference along the trajectory, and shows where
+the model says it is unsure.
 
 The reference is ASE's EMT potential for Cu, Au and Pt: the cells of
 ``examples/data/emt_metals.xyz`` (in eV), written again here in kcal/mol, as the output
@@ -34,10 +35,12 @@ import ase.io
 import ase.units
 import matplotlib.pyplot as plt
 import numpy as np
-from ase.build import bulk
+from ase.build import bulk, fcc111
 from ase.calculators.emt import EMT
 from ase.md.velocitydistribution import Stationary, thermalize_momenta
 from ase.md.verlet import VelocityVerlet
+from ase.visualize.plot import plot_atoms
+from metatomic.torch import ModelOutput
 from metatomic_ase import MetatomicCalculator
 
 # the examples/ folder: run the script from there, as the docs build does
@@ -168,6 +171,58 @@ plt.show()
 
 error = 1000 * np.sqrt(np.mean(((potential - reference) - (potential - reference).mean()) ** 2)) / len(atoms)
 print(f"RMS error of the energy fluctuations along the trajectory: {error:.2f} meV/atom")
+
+# %%
+# Where the model is unsure
+# -------------------------
+#
+# The model also predicts its own uncertainty (:doc:`/uncertainty`): ``mtt train`` fitted
+# it on the training cells and calibrated it on the validation cells, and the exported
+# model has metatomic's ``energy_uncertainty`` output. Along the trajectory, the predicted
+# standard deviation of each snapshot's energy sits beside its actual error (the error of
+# the fluctuation, as above, since the constant offset is not what the model is uncertain
+# about at a given snapshot).
+
+per_structure = {"energy_uncertainty": ModelOutput(unit="eV", sample_kind="system")}
+sigma = []
+for snapshot in snapshots:
+    outputs = calculator.run_model(snapshot, per_structure)
+    sigma.append(float(outputs["energy_uncertainty"].block().values[0, 0]))
+sigma = np.array(sigma)
+errors = (potential - reference) - (potential - reference).mean()
+
+fig, ax = plt.subplots(figsize=(7, 3.2), constrained_layout=True)
+ax.plot(time, 1000 * np.abs(errors) / len(atoms), label="|error| (fluctuation)")
+ax.plot(time, 1000 * sigma / len(atoms), label="predicted uncertainty")
+ax.set_xlabel("time (ps)")
+ax.set_ylabel("meV/atom")
+ax.legend()
+plt.show()
+
+# %%
+# A structure unlike the training cells has a larger uncertainty, and an atom's local
+# uncertainty says which of its atoms are the reason. The training set has bulk cells
+# only: in a copper slab, the atoms of its two surfaces are the ones the model has never
+# seen, and their colour shows it.
+
+slab = fcc111("Cu", size=(4, 4, 5), vacuum=6.0, periodic=True)
+per_atom = {"energy_uncertainty": ModelOutput(unit="eV", sample_kind="atom")}
+local = calculator.run_model(slab, per_atom)["energy_uncertainty"].block().values[:, 0].detach().numpy()
+bulk_local = calculator.run_model(atoms, per_atom)["energy_uncertainty"].block().values[:, 0].detach().numpy()
+layers = np.round(slab.positions[:, 2] - slab.positions[:, 2].min(), 1)
+for height in np.unique(layers):
+    print(f"layer at {height:4.1f} A: local uncertainty {1000 * local[layers == height].mean():6.1f} meV")
+print(f"bulk cell of the MD: {1000 * bulk_local.mean():.1f} meV")
+
+colours = plt.cm.viridis((local - local.min()) / (local.max() - local.min()))
+fig, ax = plt.subplots(figsize=(7, 3.5), constrained_layout=True)
+plot_atoms(slab, ax, rotation="-90x", colors=colours)
+ax.set_axis_off()
+bar = fig.colorbar(
+    plt.cm.ScalarMappable(cmap="viridis", norm=plt.Normalize(1000 * local.min(), 1000 * local.max())), ax=ax
+)
+bar.set_label("local energy uncertainty (meV)")
+plt.show()
 
 # %%
 # Clean up
