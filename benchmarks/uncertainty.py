@@ -1,4 +1,4 @@
-"""How good and how costly mtt's last-layer energy uncertainty is, on the shared xTB ethanol.
+"""How good and how costly mtt's last-layer uncertainties are, on the shared xTB ethanol.
 
     python benchmarks/uncertainty.py [--architectures soap_bpnn equivariant_mp] [--epochs 60]
                                      [--repeats 3] [--steps 300]
@@ -6,14 +6,16 @@
 For each architecture: train on 300 random structures of ethanol_xtb_2000.xyz (50 more for
 validation, on which the uncertainty is calibrated), then ``mtt eval`` 300 held-out
 structures of the same trajectories and the same structures rattled by 0.1 and 0.2 Å. It
-reports the rank correlation (Spearman) of |energy error| and predicted energy
-uncertainty, the negative log-likelihood and miscalibration area (as ``mtt eval`` prints
-them), observed RMSE against predicted deviation in bins of 30 held-out structures, and the
-ROC AUC of telling the rattled structures from the held-out ones by their uncertainty.
-Then the cost in ASE MD through metatomic's calculator, in a fresh process each, the cases
-alternating: steps/s with the calculator's default (it requests the per-atom
-``energy_uncertainty`` at every step when a model declares it) against
-``uncertainty_threshold=None`` (energy only), and the fit's own cost from the summary.
+reports, for the energy and for the forces (a structure's force RMSE against its force
+uncertainty, the spread of the ensemble's forces), the rank correlation (Spearman) of
+error and predicted uncertainty, observed RMSE against predicted uncertainty in bins of
+30 held-out structures, and the ROC AUC of telling the rattled structures from the
+held-out ones by their uncertainty (``mtt eval`` prints the negative log-likelihood and
+miscalibration area beside them). Then the cost in ASE MD, in a fresh process each, the
+cases alternating: steps/s of metatomic's calculator with ``uncertainty_threshold=None``
+(energy only), with its default (it requests the per-atom ``energy_uncertainty`` at every
+step when a model declares it), and of ``examples/ensemble_calculator.py`` (energy, forces
+and the forces of the 16 members, the force uncertainty); and the fit's own cost.
 """
 
 from __future__ import annotations
@@ -48,12 +50,16 @@ test_set: 0.0
 """
 
 MD = """
+import sys
+sys.path.insert(0, {examples!r})
 from metatomic_ase import MetatomicCalculator
+from ensemble_calculator import EnsembleCalculator
 def systems():
     atoms = ase.io.read({structure!r}, 0)
-    atoms.calc = MetatomicCalculator({model!r}, extensions_directory={extensions!r}{extra})
+    atoms.calc = {calculator}({model!r}, extensions_directory={extensions!r}{extra})
     yield atoms, {steps}
 """
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def write_sets(seed: int = 0) -> dict[str, Path]:
@@ -94,9 +100,9 @@ def train(architecture: str, epochs: int, paths: dict[str, Path]) -> tuple[Path,
     return folder / "model.pt", fit.split(" INFO uncertainty: ", 1)[1]
 
 
-def evaluate(model: Path, structures: Path, folder: Path) -> tuple[np.ndarray, np.ndarray | None, str]:
-    """Predicted energy uncertainties, energy errors (None without references), and what
-    ``mtt eval`` printed of the uncertainty."""
+def evaluate(model: Path, structures: Path, folder: Path) -> tuple[dict, dict, str]:
+    """Predicted uncertainties and errors (empty without references) of the energy and of the
+    forces (a structure's force RMSE), per structure, and what ``mtt eval`` printed of them."""
     folder.mkdir(parents=True, exist_ok=True)
     output = subprocess.run(
         [sys.executable, "-m", "mtt", "eval", str(model), str(structures)],
@@ -106,11 +112,17 @@ def evaluate(model: Path, structures: Path, folder: Path) -> tuple[np.ndarray, n
         text=True,
     ).stdout
     predicted = ase.io.read(folder / "predictions.xyz", ":")
-    deviations = np.array([atoms.info["energy_uncertainty"] for atoms in predicted])
-    errors = None
+    deviations = {
+        "energy": np.array([atoms.info["energy_uncertainty"] for atoms in predicted]),
+        "forces": np.array([atoms.info["forces_uncertainty"] for atoms in predicted]),
+    }
+    errors = {}
     if "reference_energy" in predicted[0].info:
-        errors = np.array([_energy(atoms) - atoms.info["reference_energy"] for atoms in predicted])
-    report = " ".join(line.strip() for line in output.splitlines() if "uncertainty on" in line)
+        errors["energy"] = np.array([_energy(atoms) - atoms.info["reference_energy"] for atoms in predicted])
+        errors["forces"] = np.array(
+            [np.sqrt(((atoms.get_forces() - atoms.arrays["reference_forces"]) ** 2).mean()) for atoms in predicted]
+        )
+    report = "\n  ".join(line.strip() for line in output.splitlines() if "uncertainty on" in line)
     return deviations, errors, report
 
 
@@ -140,66 +152,76 @@ def main() -> None:
     args = parser.parse_args()
     paths = write_sets()
     quality, cost, calibration = [], [], []
+    units = {"energy": ("meV", 1000.0), "forces": ("meV/Å", 1000.0)}
     for architecture in args.architectures:
         model, fit = train(architecture, args.epochs, paths)
         held, errors, report = evaluate(model, paths["held_out"], WORK / architecture / "eval_held_out")
         rattled = {a: evaluate(model, paths[f"rattled_{a}"], WORK / architecture / f"eval_{a}")[0] for a in (0.1, 0.2)}
-        order = np.argsort(held)
-        for chunk in np.array_split(order, 10):
-            calibration.append(
-                (architecture, f"{np.sqrt((held[chunk] ** 2).mean()) * 1000:.2f}",
-                 f"{np.sqrt((errors[chunk] ** 2).mean()) * 1000:.2f}", len(chunk))
-            )  # fmt: skip
-        ratios = np.sqrt((errors[order] ** 2)) / held[order]
-        quality.append(
-            (
-                architecture,
-                f"{np.sqrt((errors**2).mean()) * 1000:.1f}",
-                f"{spearman(np.abs(errors), held):.2f}",
-                f"{roc_auc(held, rattled[0.1]):.2f}",
-                f"{roc_auc(held, rattled[0.2]):.2f}",
-                f"{np.median(ratios):.2f}",
+        for quantity, (unit, scale) in units.items():
+            predicted, observed = held[quantity], errors[quantity]
+            order = np.argsort(predicted)
+            for chunk in np.array_split(order, 10):
+                calibration.append(
+                    (architecture, quantity, f"{np.sqrt((predicted[chunk] ** 2).mean()) * scale:.2f}",
+                     f"{np.sqrt((observed[chunk] ** 2).mean()) * scale:.2f}", len(chunk))
+                )  # fmt: skip
+            quality.append(
+                (
+                    architecture,
+                    quantity,
+                    f"{np.sqrt((observed**2).mean()) * scale:.1f} {unit}",
+                    f"{spearman(np.abs(observed), predicted):.2f}",
+                    f"{roc_auc(predicted, rattled[0.1][quantity]):.2f}",
+                    f"{roc_auc(predicted, rattled[0.2][quantity]):.2f}",
+                    f"{np.median(np.abs(observed) / predicted):.2f}",
+                )
             )
-        )
         print(f"{architecture}: fit {fit}\n  mtt eval: {report}", flush=True)
         extensions = str(model.parent / "extensions")
         cases = {
-            "energy only": ", uncertainty_threshold=None",
-            "with energy_uncertainty (default)": "",
+            "energy only": ("MetatomicCalculator", ", uncertainty_threshold=None"),
+            "with energy_uncertainty (default)": ("MetatomicCalculator", ""),
+            "force ensemble": ("EnsembleCalculator", ""),
         }
         rates: dict[str, list[float]] = {case: [] for case in cases}
         for round_ in range(args.repeats):
             for case in alternate(list(cases), round_):
+                calculator, extra = cases[case]
                 setup = MD.format(
                     structure=str(paths["held_out"]), model=str(model), extensions=extensions,
-                    extra=cases[case], steps=args.steps,
+                    calculator=calculator, extra=extra, steps=args.steps, examples=str(EXAMPLES),
                 )  # fmt: skip
                 rates[case].extend(ase_md_rates(setup, warmup=30))
-        only, both = rates["energy only"], rates["with energy_uncertainty (default)"]
-        ratios = [b / o for b, o in zip(both, only)]
-        cost.append(
-            (
-                architecture,
-                spread(only, "{:.0f}".format),
-                spread(both, "{:.0f}".format),
-                spread(ratios, "{:.2f}".format),
-            )
-        )
+        only = rates["energy only"]
+        row = [architecture, spread(only, "{:.0f}".format)]
+        for case in ("with energy_uncertainty (default)", "force ensemble"):
+            costs = [o / b for b, o in zip(rates[case], only)]  # time per step, relative to energy only
+            row += [spread(rates[case], "{:.0f}".format), spread(costs, "{:.2f}".format)]
+        cost.append(tuple(row))
         seconds = re.search(r"fitted in ([\d.]+) s", fit)
         print(f"  fit: {seconds.group(1) if seconds else '?'} s", flush=True)
-    print("\nEnergy uncertainty on 300 held-out xTB ethanol structures (trained on 300, calibrated on 50)\n")
+    print("\nUncertainty on 300 held-out xTB ethanol structures (trained on 300, calibrated on 50)\n")
     print(
         markdown_table(
-            ["architecture", "energy RMSE [meV]", "Spearman |error| vs uncertainty", "ROC AUC rattled 0.1 Å",
+            ["architecture", "quantity", "RMSE", "Spearman |error| vs uncertainty", "ROC AUC rattled 0.1 Å",
              "ROC AUC rattled 0.2 Å", "median |error| / uncertainty"],
             quality,
+            "llrrrrr",
+        )
+    )  # fmt: skip
+    print("\nCalibration: bins of 30 held-out structures by predicted uncertainty (forces: a structure's RMSE)\n")
+    print(
+        markdown_table(["architecture", "quantity", "predicted", "observed RMSE", "structures"], calibration, "llrrr")
+    )
+    print(f"\nASE MD of one ethanol molecule, steps/s (median [min, max] of {args.repeats} runs)\n")
+    print(
+        markdown_table(
+            ["architecture", "energy only", "with energy uncertainty", "cost (x energy only)", "force ensemble of 16",
+             "cost (x energy only)"],
+            cost,
             "lrrrrr",
         )
     )  # fmt: skip
-    print("\nCalibration: bins of 30 held-out structures by predicted uncertainty\n")
-    print(markdown_table(["architecture", "predicted [meV]", "observed RMSE [meV]", "structures"], calibration, "lrrr"))
-    print(f"\nASE MD of one ethanol molecule, steps/s (median [min, max] of {args.repeats} runs)\n")
-    print(markdown_table(["architecture", "energy only", "with uncertainty", "ratio"], cost, "lrrr"))
 
 
 if __name__ == "__main__":

@@ -200,6 +200,42 @@ ax.legend()
 plt.show()
 
 # %%
+# Forces have an uncertainty too, from the model's ``energy_ensemble``: last-layer
+# weights sampled from the same posterior, whose forces spread where the model is
+# unsure. ``examples/ensemble_calculator.py`` is an ASE calculator that takes the forces
+# of the energy and of every member in one backward pass (it needs metatomic, not mtt):
+#
+# .. literalinclude:: ../../../examples/ensemble_calculator.py
+#    :language: python
+#    :pyobject: EnsembleCalculator.calculate
+#
+# Each snapshot's force uncertainty (RMS over its atoms) sits beside the RMS error of its
+# forces against EMT's.
+
+sys.path.insert(0, str(HERE))
+from ensemble_calculator import EnsembleCalculator  # noqa: E402
+
+ensemble = EnsembleCalculator(str(workdir / "model.pt"), extensions_directory=str(workdir / "extensions"))
+force_sigma, force_error = [], []
+for snapshot in snapshots:
+    predicted = snapshot.copy()
+    predicted.calc = ensemble
+    forces = predicted.get_forces()
+    force_sigma.append(ensemble.results["force_uncertainty"])
+    snapshot.calc = EMT()
+    force_error.append(np.sqrt(np.mean((forces - snapshot.get_forces()) ** 2)))
+
+fig, ax = plt.subplots(figsize=(7, 3.2), constrained_layout=True)
+ax.plot(time, 1000 * np.array(force_error), label="force RMSE against EMT")
+ax.plot(time, 1000 * np.array(force_sigma), label="predicted force uncertainty")
+ax.set_xlabel("time (ps)")
+ax.set_ylabel("meV/Å")
+ax.legend()
+plt.show()
+print(f"force RMSE along the trajectory {1000 * np.sqrt(np.mean(np.square(force_error))):.0f} meV/Å, "
+      f"predicted {1000 * np.sqrt(np.mean(np.square(force_sigma))):.0f} meV/Å")  # fmt: skip
+
+# %%
 # A structure unlike the training cells has a larger uncertainty, and an atom's local
 # uncertainty says which of its atoms are the reason. The training set has bulk cells
 # only: in a copper slab, the atoms of its two surfaces are the ones the model has never

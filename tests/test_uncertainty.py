@@ -1,5 +1,6 @@
 """Last-layer uncertainties: fitted at the end of `mtt train`, exported as metatomic's
-``energy_uncertainty`` and read in fresh processes without mtt, reported by `mtt eval`."""
+``energy_uncertainty`` and ``energy_ensemble`` and read in fresh processes without mtt
+(the force uncertainty through examples/ensemble_calculator.py), reported by `mtt eval`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import ase.io
+import numpy as np
 import pytest
 import torch
 from conftest import EMT_DATA, SMALL_SOAP, emt_options, run_mtt, torchrun_train, write_options
 
 from mtt.training.uncertainty import binned_calibration, calibration_figures
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SMALL_MP = "name: equivariant_mp\nmodel: {channels: 8, max_l: 1, hidden_l: 1, correlation: 2, num_layers: 2}"
 TRAINING = "{batch_size: 8, num_epochs: 4}"
 
@@ -98,15 +102,85 @@ def test_training_fits_an_uncertainty_that_leaves_mtt(trained):
     assert figures["rattled"][0] > structure
 
 
+def _force_uncertainties(model: Path) -> dict:
+    """The example's ensemble calculator, in a process that never imports mtt: the force
+    uncertainty of a structure, rotated and rattled, and its forces beside metatomic's."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        import ase.io, numpy as np
+        sys.path.insert(0, {str(EXAMPLES)!r})
+        from ensemble_calculator import EnsembleCalculator
+        from metatomic_ase import MetatomicCalculator
+
+        extensions = {str(model.parent / "extensions")!r}
+        calculator = EnsembleCalculator({str(model)!r}, extensions_directory=extensions)
+        reference = MetatomicCalculator({str(model)!r}, extensions_directory=extensions, uncertainty_threshold=None)
+        atoms = ase.io.read({str(EMT_DATA)!r}, 0)
+        rotation = np.linalg.qr(np.random.default_rng(1).normal(size=(3, 3)))[0]
+        rotated = atoms.copy()
+        rotated.positions = rotated.positions @ rotation.T
+        rotated.cell = rotated.cell[:] @ rotation.T
+        rattled = atoms.copy()
+        rattled.rattle(0.3, seed=2)
+        figures = {{}}
+        for name, structure in (("atoms", atoms), ("rotated", rotated), ("rattled", rattled)):
+            structure.calc = calculator
+            forces = structure.get_forces()
+            figures[name] = calculator.results["force_uncertainty"]
+            figures[name + " per atom"] = calculator.results["forces_uncertainty"].tolist()
+            figures[name + " forces"] = forces.tolist()
+        atoms.calc = reference
+        figures["metatomic forces"] = atoms.get_forces().tolist()
+        figures["mtt imported"] = "mtt" in sys.modules
+        print(json.dumps(figures))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_force_uncertainty_from_the_exported_ensemble(trained, tmp_path):
+    folder, stdout = trained
+    assert "an ensemble of 16 sampled from it, its spread calibrated on the validation forces" in " ".join(
+        stdout.split()
+    )
+    figures = _force_uncertainties(folder / "model.pt")
+    assert not figures["mtt imported"]
+    # the calculator's forces are metatomic's; the uncertainty is invariant, larger far from the data
+    np.testing.assert_allclose(figures["atoms forces"], figures["metatomic forces"], rtol=1e-6, atol=1e-9)
+    assert figures["atoms"] > 0 and min(figures["atoms per atom"]) > 0
+    assert figures["rotated"] == pytest.approx(figures["atoms"], rel=1e-6)
+    assert figures["rattled"] > figures["atoms"]
+    # mtt eval computes the same force uncertainty from the same members
+    result = run_mtt("eval", str(folder / "model.pt"), str(EMT_DATA), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    first = ase.io.read(tmp_path / "predictions.xyz", 0)
+    assert first.info["forces_uncertainty"] == pytest.approx(figures["atoms"], rel=1e-6)
+    np.testing.assert_allclose(first.arrays["forces_uncertainty"], figures["atoms per atom"], rtol=1e-6)
+
+
 def test_eval_reports_calibration_and_writes_the_uncertainty(trained, tmp_path):
     folder, _ = trained
     result = run_mtt("eval", str(folder / "model.pt"), str(EMT_DATA), "--plots", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "energy uncertainty on 100 structures: rank correlation with |error| (Spearman)" in result.stdout
+    assert "forces uncertainty on 100 structures: rank correlation with |error| (Spearman)" in result.stdout
+    assert "per force component" in result.stdout
     assert "miscalibration area" in result.stdout
-    assert (tmp_path / "predictions_calibration_energy.png").stat().st_size > 0
+    for quantity in ("energy", "forces"):
+        assert (tmp_path / f"predictions_calibration_{quantity}.png").stat().st_size > 0
     first = (tmp_path / "predictions.xyz").read_text().splitlines()[1]
-    assert "energy_uncertainty=" in first
+    assert "energy_uncertainty=" in first and "forces_uncertainty=" in first
+
+
+def test_an_ensemble_of_fewer_than_two_members_is_refused(tmp_path):
+    options = write_options(tmp_path, emt_options(SMALL_SOAP, "{num_epochs: 1, uncertainty_ensemble_size: 0}", seed=3))
+    result = run_mtt("train", str(options), cwd=tmp_path)
+    assert result.returncode != 0
+    assert "'architecture.training.uncertainty_ensemble_size' must be >= 2 (a spread needs two members)" in " ".join(
+        result.stderr.split()
+    )
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "model.pt").exists()
 
 
 def test_checkpoint_exports_with_its_uncertainty(trained, tmp_path):
@@ -148,6 +222,10 @@ def test_two_ranks_fit_the_uncertainty_of_one_process(tmp_path):
     assert float(one["uncertainty.factors"][0]) > 0
     torch.testing.assert_close(two["uncertainty.factors"], one["uncertainty.factors"], rtol=1e-6, atol=0)
     torch.testing.assert_close(two["uncertainty.inverse"], one["uncertainty.inverse"], rtol=1e-5, atol=1e-9)
+    # the same members, their spread scaled on the forces of both ranks' validation structures
+    assert one["uncertainty.ensemble"].shape[-1] == 16  # the default size
+    assert float(one["uncertainty.ensemble"].abs().max()) > 0
+    torch.testing.assert_close(two["uncertainty.ensemble"], one["uncertainty.ensemble"], rtol=1e-5, atol=1e-9)
 
 
 def test_calibration_figures_of_known_distributions():
@@ -162,3 +240,78 @@ def test_calibration_figures_of_known_distributions():
     assert calibration_figures(errors, torch.full_like(deviations, 0.6))["spearman"] == pytest.approx(0, abs=0.05)
     for predicted, observed, count in binned_calibration(errors, deviations):
         assert count == 2000 and observed == pytest.approx(predicted, rel=0.1)
+
+
+def _without_uncertainty(checkpoint: Path, to: Path) -> Path:
+    """The checkpoint as an mtt from before uncertainties wrote it: no uncertainty entries."""
+    content = torch.load(checkpoint, weights_only=True)
+    for key in ("best_model_state", "model_state"):
+        content[key] = {name: value for name, value in content[key].items() if not name.startswith("uncertainty.")}
+    torch.save(content, to)
+    return to
+
+
+def test_calibrate_fits_a_trained_model_as_its_training_would_have(tmp_path):
+    """`mtt calibrate` of a checkpoint of an earlier mtt, with the options of its run, fits
+    the uncertainty its training fits today, bit for bit, and leaves the checkpoint alone."""
+    trained = tmp_path / "trained"
+    _train(trained, SMALL_SOAP, "{batch_size: 8, num_epochs: 2}")
+    (checkpoint,) = trained.glob("outputs/*/*/model.ckpt")
+    old = _without_uncertainty(checkpoint, tmp_path / "old.ckpt")
+    before = old.read_bytes()
+    result = run_mtt("calibrate", str(old), "options.yaml", "-o", str(tmp_path / "calibrated.pt"), cwd=trained)
+    assert result.returncode == 0, result.stderr
+    assert "uncertainty: energy from 99 last-layer features" in result.stdout
+    assert old.read_bytes() == before
+    fitted = torch.load(checkpoint, weights_only=True)["best_model_state"]
+    (new,) = [p for p in trained.glob("outputs/*/*/model.ckpt") if p != checkpoint]
+    calibrated = torch.load(new, weights_only=True)["best_model_state"]
+    for name in ("uncertainty.inverse", "uncertainty.factors", "uncertainty.ensemble"):
+        torch.testing.assert_close(calibrated[name], fitted[name], rtol=1e-9, atol=0)
+    for name, value in fitted.items():  # the weights are the checkpoint's
+        if not name.startswith("uncertainty."):
+            assert torch.equal(calibrated[name], value), name
+    figures = _uncertainties(tmp_path / "calibrated.pt")
+    assert figures["both"]["energy_uncertainty"] == _uncertainties(trained / "model.pt")["both"]["energy_uncertainty"]
+    assert "energy_ensemble" in figures["outputs"]
+
+
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("element", "the datasets contain Ag, which the model of"),
+        ("target", "the datasets give target 'charge', which the model of"),
+        ("architecture", "holds a 'soap_bpnn' model, but the options' architecture.name is 'equivariant_mp'"),
+    ],
+)
+def test_calibrate_refuses_what_it_cannot_fit(tmp_path, problem, message):
+    """With the options of a run trained without uncertainty, changed in one way each."""
+    trained = tmp_path / "trained"
+    _train(trained, SMALL_SOAP, "{batch_size: 8, num_epochs: 1, uncertainty: false}")
+    (checkpoint,) = trained.glob("outputs/*/*/model.ckpt")
+    options = (trained / "options.yaml").read_text()
+    folder = tmp_path / "calibrate"
+    folder.mkdir()
+    overrides = []
+    if problem == "element":
+        frames = ase.io.read(EMT_DATA, ":")
+        for atoms in frames[:3]:
+            atoms.numbers[0] = 47
+        ase.io.write(folder / "with_silver.xyz", frames)
+        options = options.replace(str(EMT_DATA), str(folder / "with_silver.xyz"))
+        assert "with_silver.xyz" in options
+    elif problem == "target":
+        frames = ase.io.read(EMT_DATA, ":")
+        for atoms in frames:
+            atoms.info["charge"] = 0.0
+        ase.io.write(folder / "charged.xyz", frames)
+        targets = "energy: {key: energy, unit: eV}\ncharge: {key: charge, unit: e}"
+        options = emt_options(SMALL_SOAP, "{batch_size: 8}", targets=targets, seed=3)
+        options = options.replace(str(EMT_DATA), str(folder / "charged.xyz"))
+    else:
+        options = emt_options(SMALL_MP, "{batch_size: 8}", seed=3)
+    (folder / "options.yaml").write_text(options)
+    result = run_mtt("calibrate", str(checkpoint), "options.yaml", *overrides, cwd=folder)
+    assert result.returncode != 0
+    assert message in " ".join(result.stderr.split()), result.stderr
+    assert not (folder / "model.pt").exists()

@@ -82,7 +82,7 @@ sphinx_gallery_conf = {
     "examples_dirs": [str(ROOT / "examples")],
     "gallery_dirs": ["examples"],
     "filename_pattern": r"/plot_",
-    "ignore_pattern": r"(__init__\.py|generate_emt_dataset\.py)",
+    "ignore_pattern": r"(__init__\.py|generate_emt_dataset\.py|ensemble_calculator\.py)",
     "within_subsection_order": "mtt_docs.ExampleOrder",
     "download_all_examples": False,
     "remove_config_comments": True,

@@ -50,6 +50,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue from a checkpoint, or 'auto': the latest checkpoint under outputs/ of a run with these options",
     )
 
+    calibrate = commands.add_parser(
+        "calibrate",
+        parents=[common],
+        help="fit the uncertainty of a trained model without training it again",
+        description="Fit the last-layer uncertainty of a checkpoint's model (energy_uncertainty and the "
+        "energy_ensemble whose forces give the force uncertainty): its covariance on the training set of an "
+        "options file, its calibration on the validation set, split as `mtt train` splits them. Writes a "
+        "new run folder with the checkpoint and exports the model; the checkpoint given is left as it is. "
+        "For models trained with uncertainty: false, or by an mtt without uncertainties.",
+    )
+    calibrate.add_argument("checkpoint", help="an mtt checkpoint (.ckpt)")
+    calibrate.add_argument("options", help="the options file (YAML) of the datasets to fit on: the training run's")
+    calibrate.add_argument("overrides", nargs="*", help="key=value overrides of the options")
+    calibrate.add_argument(
+        "-o", "--output", default="model.pt", help="where to write the exported model (default: model.pt)"
+    )
+
     export = commands.add_parser(
         "export",
         parents=[common],
@@ -132,6 +149,10 @@ def run_command(args: argparse.Namespace, context: RunContext) -> None:
         from .commands.train import train
 
         train(args.options, args.overrides, args.output, args.restart, context)
+    elif args.command == "calibrate":
+        from .commands.calibrate import calibrate
+
+        calibrate(args.checkpoint, args.options, args.overrides, args.output, context)
     elif args.command == "export":
         from .commands.export import export
 
@@ -160,7 +181,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:
-        if args.command == "train" and not any(extra.startswith("-") for extra in extras):
+        if args.command in ("train", "calibrate") and not any(extra.startswith("-") for extra in extras):
             args.overrides = list(args.overrides) + extras
         else:
             parser.error(f"unrecognized arguments: {' '.join(extras)}")

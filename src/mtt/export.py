@@ -81,6 +81,16 @@ def atomistic_model(
                 description=f"standard deviation of {output} (last-layer posterior, calibrated on the "
                 "validation set); per atom: the atom's local uncertainty, per structure: the structure's",
             )
+        members = model.uncertainty.ensemble.shape[2]
+        name = model.ensemble_names[i]
+        if name and members > 0 and float(factors[model.output_starts[i]]) > 0:
+            outputs[name] = ModelOutput(
+                unit=target.unit,
+                sample_kind="atom",
+                explicit_gradients=[],
+                description=f"{members} members of {output} with last-layer weights sampled from their "
+                "posterior; the spread of their forces is the force uncertainty",
+            )
     capabilities = ModelCapabilities(
         outputs=outputs,
         atomic_types=list(info.atomic_types),

@@ -19,6 +19,7 @@ from .data.readers import TargetInfo
 from .errors import CheckpointError
 from .export import atomistic_model, model_from_state
 from .training.state import TrainingState
+from .training.uncertainty import member_gradients
 
 ENERGY_UNITS = ("eV", "meV", "Hartree", "kcal/mol", "kJ/mol", "Ry")
 
@@ -39,6 +40,12 @@ class EvaluatedModel:
             "energy" + name[len("energy_uncertainty") :]: name
             for name in capabilities.outputs
             if name == "energy_uncertainty" or name.startswith("energy_uncertainty/")
+        }
+        #: the energies with an ensemble, and its output: {"energy": "energy_ensemble"}
+        self.ensembles = {
+            "energy" + name[len("energy_ensemble") :]: name
+            for name in capabilities.outputs
+            if name == "energy_ensemble" or name.startswith("energy_ensemble/")
         }
         for name, output in capabilities.outputs.items():
             if name != "energy" and not name.startswith(("mtt::", "energy/")):
@@ -69,6 +76,12 @@ class EvaluatedModel:
     def __call__(self, systems: list[System], outputs: dict[str, ModelOutput]) -> dict[str, TensorMap]:
         options = ModelEvaluationOptions(length_unit="angstrom", outputs=outputs)
         return self.atomistic(systems, options, check_consistency=False)
+
+    def member_forces(self, systems: list[System], positions: list[torch.Tensor], output: str) -> torch.Tensor:
+        """The forces of every member of the ensemble ``output``, (members, atoms, 3), the
+        atoms of all systems in order: autograd's, against ``positions``, the systems' own."""
+        values = self(systems, {output: ModelOutput(unit="eV", sample_kind="system")})[output].block().values
+        return -torch.cat([gradient.detach() for gradient in member_gradients(values, positions)], 1)
 
 
 def load_trained_model(path: str | Path) -> EvaluatedModel:

@@ -68,6 +68,12 @@ def uncertainty_name(output: str) -> str:
     return "energy_uncertainty" + output[len("energy") :]
 
 
+def ensemble_name(output: str) -> str:
+    """metatomic's name of the ensemble of an energy output: 'energy_ensemble', or
+    'energy_ensemble/xtb' for 'energy/xtb'."""
+    return "energy_ensemble" + output[len("energy") :]
+
+
 class LastLayerUncertainty(torch.nn.Module):
     """The calibrated last-layer posterior of a trained model (LLPR: Bigi, Chong, Ceriotti and
     Grasselli, arXiv 2403.02251): the inverse of the regularised covariance of the training
@@ -75,20 +81,35 @@ class LastLayerUncertainty(torch.nn.Module):
     no uncertainty for that column).
 
     An output's variance for a structure (or an atom) with summed features ``f`` is
-    ``factor**2 * f @ inverse @ f``. It is fitted by the framework after training
-    (:mod:`mtt.training.uncertainty`); checkpoints of an mtt without it load as unfitted.
+    ``factor**2 * f @ inverse @ f``. An ensemble of last-layer weights sampled from that
+    posterior, ``ensemble[column]`` (features, members), gives each member's deviation
+    ``f @ ensemble[column]``, whose derivatives are the members' forces. It is fitted by
+    the framework after training (:mod:`mtt.training.uncertainty`); checkpoints of an mtt
+    without it load as unfitted.
     """
 
     def __init__(self, n_features: int, n_columns: int):
         super().__init__()
         self.register_buffer("inverse", torch.zeros(n_features, n_features, dtype=torch.float64))
         self.register_buffer("factors", torch.zeros(n_columns, dtype=torch.float64))
+        # no member until fitted: their number is a training option
+        self.register_buffer("ensemble", torch.zeros(n_columns, n_features, 0, dtype=torch.float64))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        for name, value in self._buffers.items():  # checkpoints from before uncertainties: unfitted
-            if prefix + name not in state_dict and value is not None:
+        for name, value in self._buffers.items():
+            if value is None:
+                continue
+            if prefix + name not in state_dict:  # checkpoints from before uncertainties: unfitted
                 state_dict[prefix + name] = torch.zeros_like(value)
+            elif name == "ensemble":  # as many members as the checkpoint's fit sampled
+                self._buffers[name] = torch.zeros(
+                    state_dict[prefix + name].shape, dtype=value.dtype, device=value.device
+                )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def members(self, features: torch.Tensor, column: int) -> torch.Tensor:
+        """Every ensemble member's deviation from output ``column``, (rows, members)."""
+        return features.to(torch.float64) @ self.ensemble[column].to(torch.float64)
 
     def forward(self, features: torch.Tensor, column: int) -> torch.Tensor:
         """Standard deviations of output ``column``, (rows, 1), for rows of features."""
@@ -134,6 +155,11 @@ class Model(torch.nn.Module):
         self.uncertainty_names: List[str] = [
             uncertainty_name(name) if name.startswith("energy") and not t.per_atom and not t.vector else ""
             for name, t in zip(self.output_names, info.targets.values())
+        ]
+        #: the same for the ensembles of those outputs
+        self.ensemble_names: List[str] = [
+            ensemble_name(name) if uncertain else ""
+            for name, uncertain in zip(self.output_names, self.uncertainty_names)
         ]
         self.uncertainty = LastLayerUncertainty(0, self.n_columns)
         self._xyz = Labels("xyz", torch.tensor([[0], [1], [2]]))
@@ -303,7 +329,7 @@ class Model(torch.nn.Module):
         types = batch.types
         device = types.device
         uncertain = False
-        for name in self.uncertainty_names:
+        for name in self.uncertainty_names + self.ensemble_names:
             if name != "" and name in outputs:
                 uncertain = True
         if uncertain:  # the features cost nothing extra, but only their requests compute them
@@ -372,6 +398,27 @@ class Model(torch.nn.Module):
                     rows, samples = rows.index_add(0, system_of_atom, features), system_samples
                 values = self.uncertainty(rows, self.output_starts[i]).to(per_atom.dtype)
                 block = TensorBlock(values=values, samples=samples, components=[], properties=one)
+                results[name] = TensorMap(keys, [block])
+            for i, name in enumerate(self.ensemble_names):
+                if name == "" or name not in outputs:
+                    continue
+                start = self.output_starts[i]
+                energies = per_atom[:, start : start + 1]
+                rows = features
+                if outputs[name].sample_kind == "atom":
+                    samples = Labels(
+                        ["system", "atom"], torch.stack([system_of_atom, atom_in_system], 1).to(torch.int32)
+                    )
+                else:
+                    rows = torch.zeros((len(systems), features.shape[1]), dtype=features.dtype, device=device)
+                    rows = rows.index_add(0, system_of_atom, features)
+                    summed = torch.zeros((len(systems), 1), dtype=energies.dtype, device=device)
+                    energies, samples = summed.index_add(0, system_of_atom, energies), system_samples
+                values = energies + self.uncertainty.members(rows, start).to(energies.dtype)
+                members = torch.arange(values.shape[1], device=device, dtype=torch.int32)[:, None]
+                block = TensorBlock(
+                    values=values, samples=samples, components=[], properties=Labels("ensemble_member", members)
+                )
                 results[name] = TensorMap(keys, [block])
         return results
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ase
@@ -126,9 +127,10 @@ def _evaluate_dataset(
     terms = terms_of(reference)
     metrics = Metrics(terms)
     pairs: dict[str, tuple[list, list]] = {t.label: ([], []) for t in terms}
-    # energies with an uncertainty: their errors and predicted deviations, per structure
+    # energies with an uncertainty, and those whose ensemble gives their forces' one
     uncertain = {t: output for t, output in model.uncertainties.items() if t in info.targets}
-    deviations: dict[str, tuple[list, list]] = {target: ([], []) for target in uncertain}
+    spread = {t: output for t, output in model.ensembles.items() if t in info.targets and info.targets[t].forces}
+    collected = _Collected()
     started = time.monotonic()
     target_file.parent.mkdir(parents=True, exist_ok=True)
     target_file.write_text("")  # the predictions are appended batch by batch
@@ -148,18 +150,7 @@ def _evaluate_dataset(
         )
         metrics.update(predictions, batch)
         frames = _frames_of(chosen, predictions, info, reference)
-        if uncertain:
-            requested = {output: ModelOutput(unit="eV", sample_kind="system") for output in uncertain.values()}
-            computed = model(batch.systems, requested)
-            for target, output in uncertain.items():
-                deviation = computed[output].block().values.detach().double().reshape(-1)
-                for frame, value in zip(frames, deviation.tolist()):
-                    frame.info[output.replace("/", "_")] = value
-                if target in batch.values:
-                    has = batch.present.get((target, "values"), torch.ones(len(batch), dtype=torch.bool))
-                    error = predictions.values[target].double().reshape(-1) - batch.values[target].double().reshape(-1)
-                    deviations[target][0].append(error[has])
-                    deviations[target][1].append(deviation[has])
+        _collect_uncertainties(model, batch, predictions, frames, uncertain, spread, collected)
         for term in terms:
             if term.target not in getattr(batch, term.kind):  # no structure of the batch has it
                 continue
@@ -184,9 +175,7 @@ def _evaluate_dataset(
     )
     if terms:
         _print_table(metrics)
-    for target, (errors, predicted) in deviations.items():
-        if errors:
-            _report_uncertainty(target, torch.cat(errors), torch.cat(predicted), target_file if plots else None)
+    collected.report(target_file if plots else None)
     if plots and not terms:
         LOGGER.info(
             "no parity plot: %s gives no reference values (no targets), so there is nothing to plot the "
@@ -277,17 +266,99 @@ def _print_table(metrics: Metrics) -> None:
         )
 
 
-def _report_uncertainty(target: str, errors: torch.Tensor, deviations: torch.Tensor, plot_next_to: Path | None) -> None:
-    """How the predicted uncertainty of an energy describes its errors on this set."""
-    figures = calibration_figures(errors, deviations)
-    scale, unit = display(1.0, "eV")
+@dataclass
+class _Collected:
+    """Errors and predicted deviations of a set, batch by batch, for each quantity with an
+    uncertainty: per structure (what is ranked and binned) and per number (what the
+    Gaussian figures are of: a structure's energy, or each force component)."""
+
+    per_structure: dict[str, tuple[list, list]] = field(default_factory=dict)
+    per_number: dict[str, tuple[list, list]] = field(default_factory=dict)
+
+    def add(
+        self, label: str, structures: tuple[torch.Tensor, torch.Tensor], numbers: tuple[torch.Tensor, torch.Tensor]
+    ):
+        for collection, (errors, deviations) in ((self.per_structure, structures), (self.per_number, numbers)):
+            errors_so_far, deviations_so_far = collection.setdefault(label, ([], []))
+            errors_so_far.append(errors.reshape(-1))
+            deviations_so_far.append(deviations.reshape(-1))
+
+    def report(self, plot_next_to: Path | None) -> None:
+        for label, (errors, deviations) in self.per_structure.items():
+            numbers = [torch.cat(part) for part in self.per_number[label]]
+            _report_uncertainty(label, (torch.cat(errors), torch.cat(deviations)), numbers, plot_next_to)
+
+
+def _collect_uncertainties(
+    model: EvaluatedModel,
+    batch: Batch,
+    predictions: Predictions,
+    frames: list[ase.Atoms],
+    uncertain: dict[str, str],
+    spread: dict[str, str],
+    collected: _Collected,
+) -> None:
+    """The predicted uncertainties of a batch into its frames, and beside its errors where
+    the set has references: energies' from their uncertainty output, forces' from the
+    spread of their ensemble members' forces."""
+    if uncertain:
+        requested = {output: ModelOutput(unit="eV", sample_kind="system") for output in uncertain.values()}
+        computed = model(batch.systems, requested)
+        for target, output in uncertain.items():
+            deviation = computed[output].block().values.detach().double().reshape(-1)
+            for frame, value in zip(frames, deviation.tolist()):
+                frame.info[output.replace("/", "_")] = value
+            if target in batch.values:
+                has = batch.present.get((target, "values"), torch.ones(len(batch), dtype=torch.bool))
+                error = predictions.values[target].double().reshape(-1) - batch.values[target].double().reshape(-1)
+                collected.add(target, (error[has], deviation[has]), (error[has], deviation[has]))
+    structure_of_atom = torch.repeat_interleave(torch.arange(len(batch)), batch.n_atoms)
+    for target, output in spread.items():
+        members = model.member_forces(batch.systems, batch.positions, output).double()
+        deviation = members.std(0)  # (atoms, 3)
+        label = term_label(target, "forces")
+        per_atom = torch.sqrt((deviation**2).mean(1))
+        per_structure = torch.sqrt(
+            torch.zeros(len(batch), dtype=torch.float64).index_add(0, structure_of_atom, (deviation**2).mean(1))
+            / batch.n_atoms.double()
+        )
+        first = 0
+        for frame, value in zip(frames, per_structure.tolist()):
+            frame.info[f"{label}_uncertainty"] = value
+            frame.arrays[f"{label}_uncertainty"] = per_atom[first : first + len(frame)].numpy()
+            first += len(frame)
+        if target not in batch.forces:
+            continue
+        has = batch.present.get((target, "forces"), torch.ones(len(batch), dtype=torch.bool))
+        error = predictions.forces[target].double() - batch.forces[target].double()
+        squared = torch.zeros(len(batch), dtype=torch.float64).index_add(0, structure_of_atom, (error**2).mean(1))
+        rmse = torch.sqrt(squared / batch.n_atoms.double())
+        atoms = has[structure_of_atom]
+        collected.add(label, (rmse[has], per_structure[has]), (error[atoms], deviation[atoms]))
+
+
+def _report_uncertainty(
+    label: str,
+    per_structure: tuple[torch.Tensor, torch.Tensor],
+    per_number: list[torch.Tensor],
+    plot_next_to: Path | None,
+) -> None:
+    """How the predicted uncertainty of an energy, or of forces, describes its errors on
+    this set: ranked and binned per structure (a structure's force RMSE against its
+    force uncertainty), the Gaussian figures per number (each force component)."""
+    errors, deviations = per_structure
+    ranked = calibration_figures(errors, deviations)
+    figures = calibration_figures(*per_number)
+    forces = label.endswith("forces")
+    scale, unit = display(1.0, "eV/A" if forces else "eV")
     LOGGER.info(
         "%s uncertainty on %d structures: rank correlation with |error| (Spearman) %.3f, negative "
-        "log-likelihood %.4g (energies in eV), miscalibration area %.3f (0: calibrated)",
-        target,
+        "log-likelihood %.4g (%s), miscalibration area %.3f (0: calibrated)",
+        label,
         len(errors),
-        figures["spearman"],
+        ranked["spearman"],
         figures["nll"],
+        "per force component, in eV/A" if forces else "energies in eV",
         figures["miscalibration_area"],
     )
     bins = binned_calibration(errors, deviations)
@@ -309,11 +380,11 @@ def _report_uncertainty(target: str, errors: torch.Tensor, deviations: torch.Ten
     high = max(x + y)
     axes.plot([0, high], [0, high], color="grey", linewidth=1, label="calibrated")
     axes.plot(x, y, marker="o", label="observed")
-    axes.set_xlabel(f"predicted {target} uncertainty [{unit}]")
-    axes.set_ylabel(f"observed {target} RMSE [{unit}]")
-    axes.set_title(f"miscalibration area {figures['miscalibration_area']:.3f}, Spearman {figures['spearman']:.2f}")
+    axes.set_xlabel(f"predicted {label} uncertainty [{unit}]")
+    axes.set_ylabel(f"observed {label} RMSE [{unit}]")
+    axes.set_title(f"miscalibration area {figures['miscalibration_area']:.3f}, Spearman {ranked['spearman']:.2f}")
     axes.legend()
-    path = plot_next_to.with_name(f"{plot_next_to.stem}_calibration_{target.replace('/', '_')}.png")
+    path = plot_next_to.with_name(f"{plot_next_to.stem}_calibration_{label.replace('/', '_')}.png")
     figure.savefig(path, dpi=120)
     plt.close(figure)
-    LOGGER.info("calibration plot of the %s uncertainty written to %s", target, path)
+    LOGGER.info("calibration plot of the %s uncertainty written to %s", label, path)

@@ -141,6 +141,12 @@ class TrainerHypers:
         "atom. null: when the architecture offers last-layer features; true: required (an architecture "
         "without them is refused before training); false: none.",
     )
+    uncertainty_ensemble_size: int = option(
+        16,
+        "Members of the ensemble sampled from the last-layer posterior with the uncertainty, exported as "
+        "energy_ensemble: its members' forces give the force uncertainty (calibrated on the validation "
+        "forces when the run trains forces). Each member costs a backward pass where forces are asked.",
+    )
     checkpoint_interval: int = option(25, "Write a checkpoint every this many epochs.")
     log_interval: int = option(1, "Print a progress line every this many epochs (files only).")
     log_mae: bool = option(False, "Print MAEs beside RMSEs in the progress lines.")
@@ -201,6 +207,12 @@ class TrainerHypers:
             ("checkpoint_interval", self.checkpoint_interval, self.checkpoint_interval >= 1, ">= 1"),
             ("log_interval", self.log_interval, self.log_interval >= 1, ">= 1"),
             ("cache_memory_mb", self.cache_memory_mb, self.cache_memory_mb >= 0, ">= 0"),
+            (
+                "uncertainty_ensemble_size",
+                self.uncertainty_ensemble_size,
+                self.uncertainty_ensemble_size >= 2,
+                ">= 2 (a spread needs two members)",
+            ),
             ("num_workers", self.num_workers, _unset_or(self.num_workers, 0), ">= 0 or null"),
             ("max_atoms_per_batch", self.max_atoms_per_batch, _unset_or(self.max_atoms_per_batch, 1), ">= 1 or null"),
             (

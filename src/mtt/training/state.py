@@ -57,6 +57,10 @@ class TrainingState:
     def save(self, path: Path, model: torch.nn.Module) -> None:
         """Write a checkpoint of this state with ``model``'s current weights."""
         self.model_state = model.state_dict()
+        self.write(path)
+
+    def write(self, path: Path) -> None:
+        """Write a checkpoint of this state as it is."""
         identity = {f.name: getattr(self.identity, f.name) for f in fields(RunIdentity)}
         progress = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "identity"}
         save_checkpoint(path, {**identity, **progress})

@@ -7,6 +7,11 @@ then chosen on the validation set by the Gaussian negative log-likelihood of its
 for a regularisation, the factor that minimises it is ``sqrt(mean(error**2 / v))``, with
 ``v = f @ (C + r I)^-1 @ f``, and the regularisation kept is the one of the lowest
 likelihood over a grid of decades.
+
+The ensemble is sampled from that posterior: last-layer weight deviations ``A @ z`` with
+``A = (C + r I)^-1/2`` and ``z`` standard normal, the same on every rank (seeded).
+Its spread is scaled, by the same likelihood, to the validation forces' errors when the
+run has forces (what an MD needs), else to the energies' as the uncertainty is.
 """
 
 from __future__ import annotations
@@ -38,16 +43,20 @@ class UncertaintyFit:
     regularisation: float  # relative to the covariance's mean eigenvalue
     factors: dict[str, float]
     nll: float  # per validation structure, summed over the energy outputs
+    members: int = 0  # of the ensemble
+    on_forces: bool = False  # whether the ensemble's spread was calibrated on forces
 
     def describe(self) -> str:
         if not self.factors:
             return "not fitted: the validation set has no energies to calibrate it on"
         regularised = " (fewer than its features: regularised)" if self.structures < self.features else ""
+        spread = "validation forces" if self.on_forces else "validation energies"
         return (
             f"{', '.join(self.factors)} from {self.features} last-layer features, fitted in "
             f"{self.seconds:.1f} s on {self.structures} training structures{regularised}, calibrated "
             f"on the validation set (NLL {self.nll:.3g} per structure, regularisation "
-            f"{self.regularisation:g} of the mean eigenvalue)"
+            f"{self.regularisation:g} of the mean eigenvalue); an ensemble of {self.members} "
+            f"sampled from it, its spread calibrated on the {spread}"
         )
 
 
@@ -177,11 +186,25 @@ def fit_uncertainty(
             best, best_nll, best_factors = k, nll, factors
     relative = REGULARISATIONS[best]
     inverse = (vectors / (eigenvalues + relative * scale)) @ vectors.T
+    size = trainer.hypers.uncertainty_ensemble_size
+    generator = torch.Generator().manual_seed(trainer.seed)
+    normal = torch.randn((len(eigenvalues), size), generator=generator, dtype=torch.float64)
+    # the symmetric square root of the inverse: unlike the eigenvectors themselves, it does
+    # not depend on the basis eigh picks in a degenerate subspace, so every rank has the same
+    root = (vectors / torch.sqrt(eigenvalues + relative * scale)) @ vectors.T
+    directions = root @ normal  # unit-scale members
+    force_sums = environment.all_reduce_sum(_force_spread_sums(trainer, model, validation, columns, directions))
+    factors = best_factors or [0.0] * len(columns)
     with torch.no_grad():
         model.uncertainty.inverse.copy_(inverse)
         model.uncertainty.factors.zero_()
-        for column, factor in zip(columns.values(), best_factors or [0.0] * len(columns)):
+        ensemble = torch.zeros((model.n_columns, len(eigenvalues), size), dtype=torch.float64)
+        for c, (column, factor) in enumerate(zip(columns.values(), factors)):
             model.uncertainty.factors[column] = factor
+            ratio, n = force_sums[c].tolist()
+            spread = math.sqrt(ratio / n) if n > 0 and ratio > 0 and factor > 0 else factor
+            ensemble[column] = spread * directions
+        model.uncertainty.ensemble = ensemble.to(model.uncertainty.inverse.device)
     return UncertaintyFit(
         time.monotonic() - started,
         covariance.shape[0],
@@ -189,7 +212,56 @@ def fit_uncertainty(
         relative,
         {name.removeprefix("mtt::"): factor for name, factor in zip(columns, best_factors or [])},
         best_nll if best_factors else math.nan,
+        size,
+        bool((force_sums[:, 1] > 0).any()),
     )
+
+
+def member_gradients(members: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradient of each ensemble member's energies, ``members`` (structures, members),
+    summed over structures, against each of ``inputs``: (members, *input's shape) each.
+    All members in one batched backward pass (vmap), which costs a fraction of a pass each."""
+    count = members.shape[1]
+    ones = torch.eye(count, dtype=members.dtype, device=members.device)[:, None, :].expand(count, *members.shape)
+    return list(torch.autograd.grad(members, inputs, grad_outputs=ones, is_grads_batched=True, retain_graph=True))
+
+
+def _force_spread_sums(
+    trainer: Trainer,
+    model: torch.nn.Module,
+    structures: StructureSet,
+    columns: dict[str, int],
+    directions: torch.Tensor,
+) -> torch.Tensor:
+    """This rank's part, per energy output, of the sum over the set's force components of
+    error**2 / (the unit-scale ensemble's variance), and their count: the ensemble's
+    spread that fits the force errors best (Gaussian likelihood) is ``sqrt(sum / count)``."""
+    sums = torch.zeros((len(columns), 2), dtype=torch.float64)
+    if not trainer.info.needs_forces:
+        return sums
+    model.eval()
+    for read in trainer.loader(structures, model).batches(trainer.set_batches(structures)):
+        batch = trainer.batch(read)
+        flat, positions = batch.flat, batch.positions[0]
+        with blame_architecture(trainer.architecture):
+            raw, features = model.per_atom_outputs_and_features(flat)
+            per_atom = model.composition(flat.types, raw)
+            deviations = features.double() @ directions.to(features.device)  # (atoms, members)
+            for c, (name, column) in enumerate(columns.items()):
+                reference = batch.forces.get(name.removeprefix("mtt::"))
+                if reference is None:
+                    continue
+                predicted = -torch.autograd.grad(per_atom[:, column].sum(), positions, retain_graph=True)[0]
+                # a structure's forces depend on its atoms alone: one sum over the batch will do
+                variance = member_gradients(deviations.sum(0, keepdim=True), [positions])[0].double().var(0)
+                has = batch.present.get((name.removeprefix("mtt::"), "forces"))
+                mask = variance > 0
+                if has is not None:
+                    mask &= has[flat.structure][:, None]
+                error = predicted.double() - reference.double()
+                sums[c, 0] += float((error[mask] ** 2 / variance[mask]).sum().cpu())
+                sums[c, 1] += float(mask.sum())
+    return sums
 
 
 def calibration_figures(errors: torch.Tensor, deviations: torch.Tensor) -> dict[str, float]:
