@@ -70,27 +70,21 @@ def atomistic_model(
             explicit_gradients=[],
             description=target.description or f"{target.name}, trained with mtt",
         )
-    factors = model.uncertainty.factors
+    members = model.uncertainty.ensemble.shape[2]
     for i, (target, output) in enumerate(zip(info.targets.values(), model.output_names)):
-        name = model.uncertainty_names[i]
-        if name and float(factors[model.output_starts[i]]) > 0:  # fitted and calibrated
-            outputs[name] = ModelOutput(
-                unit=target.unit,
-                sample_kind="atom",
-                explicit_gradients=[],
-                description=f"standard deviation of {output} (last-layer posterior, calibrated on the "
-                "validation set); per atom: the atom's local uncertainty, per structure: the structure's",
-            )
-        members = model.uncertainty.ensemble.shape[2]
-        name = model.ensemble_names[i]
-        if name and members > 0 and float(factors[model.output_starts[i]]) > 0:
-            outputs[name] = ModelOutput(
-                unit=target.unit,
-                sample_kind="atom",
-                explicit_gradients=[],
-                description=f"{members} members of {output} with last-layer weights sampled from their "
-                "posterior; the spread of their forces is the force uncertainty",
-            )
+        if float(model.uncertainty.factors[model.output_starts[i]]) <= 0:  # not fitted and calibrated
+            continue
+        declared = {
+            model.uncertainty_names[i]: f"standard deviation of {output} (last-layer posterior, calibrated on "
+            "the validation set); per atom: the atom's local uncertainty, per structure: the structure's",
+            model.ensemble_names[i]: f"{members} members of {output} with last-layer weights sampled from their "
+            "posterior; the spread of their forces is the force uncertainty",
+        }
+        for name, description in declared.items():
+            if name and (members > 0 or name == model.uncertainty_names[i]):
+                outputs[name] = ModelOutput(
+                    unit=target.unit, sample_kind="atom", explicit_gradients=[], description=description
+                )
     capabilities = ModelCapabilities(
         outputs=outputs,
         atomic_types=list(info.atomic_types),

@@ -19,7 +19,6 @@ from .data.readers import TargetInfo
 from .errors import CheckpointError
 from .export import atomistic_model, model_from_state
 from .training.state import TrainingState
-from .training.uncertainty import member_gradients
 
 ENERGY_UNITS = ("eV", "meV", "Hartree", "kcal/mol", "kJ/mol", "Ry")
 
@@ -35,18 +34,10 @@ class EvaluatedModel:
         self.dtype = torch.float64 if capabilities.dtype == "float64" else torch.float32
         self.output_names: list[str] = []
         self.targets: dict[str, TargetInfo] = {}
-        #: the energies with an uncertainty, and its output: {"energy": "energy_uncertainty"}
-        self.uncertainties = {
-            "energy" + name[len("energy_uncertainty") :]: name
-            for name in capabilities.outputs
-            if name == "energy_uncertainty" or name.startswith("energy_uncertainty/")
-        }
-        #: the energies with an ensemble, and its output: {"energy": "energy_ensemble"}
-        self.ensembles = {
-            "energy" + name[len("energy_ensemble") :]: name
-            for name in capabilities.outputs
-            if name == "energy_ensemble" or name.startswith("energy_ensemble/")
-        }
+        #: the energies with an uncertainty, and its output: {"energy": "energy_uncertainty"};
+        #: those with an ensemble, whose members' forces give the forces' uncertainty
+        self.uncertainties = _energies_with(capabilities.outputs, "energy_uncertainty")
+        self.ensembles = _energies_with(capabilities.outputs, "energy_ensemble")
         for name, output in capabilities.outputs.items():
             if name != "energy" and not name.startswith(("mtt::", "energy/")):
                 continue
@@ -77,11 +68,10 @@ class EvaluatedModel:
         options = ModelEvaluationOptions(length_unit="angstrom", outputs=outputs)
         return self.atomistic(systems, options, check_consistency=False)
 
-    def member_forces(self, systems: list[System], positions: list[torch.Tensor], output: str) -> torch.Tensor:
-        """The forces of every member of the ensemble ``output``, (members, atoms, 3), the
-        atoms of all systems in order: autograd's, against ``positions``, the systems' own."""
-        values = self(systems, {output: ModelOutput(unit="eV", sample_kind="system")})[output].block().values
-        return -torch.cat([gradient.detach() for gradient in member_gradients(values, positions)], 1)
+
+def _energies_with(outputs: dict, kind: str) -> dict[str, str]:
+    """{energy output: its ``kind`` output} for ``kind`` and its variants (``kind/<name>``)."""
+    return {"energy" + name[len(kind) :]: name for name in outputs if name == kind or name.startswith(kind + "/")}
 
 
 def load_trained_model(path: str | Path) -> EvaluatedModel:

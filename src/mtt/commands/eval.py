@@ -24,7 +24,7 @@ from ..outputs.display import display
 from ..outputs.logs import LOGGER, setup_logging
 from ..training.loss import Metrics, Term, term_label, terms_of, with_reference
 from ..training.predictions import Predictions, predict
-from ..training.uncertainty import binned_calibration, calibration_figures
+from ..training.uncertainty import binned_calibration, calibration_figures, member_gradients
 from .eval_sets import sets_to_evaluate
 
 
@@ -301,20 +301,25 @@ def _collect_uncertainties(
     """The predicted uncertainties of a batch into its frames, and beside its errors where
     the set has references: energies' from their uncertainty output, forces' from the
     spread of their ensemble members' forces."""
-    if uncertain:
-        requested = {output: ModelOutput(unit="eV", sample_kind="system") for output in uncertain.values()}
-        computed = model(batch.systems, requested)
-        for target, output in uncertain.items():
-            deviation = computed[output].block().values.detach().double().reshape(-1)
-            for frame, value in zip(frames, deviation.tolist()):
-                frame.info[output.replace("/", "_")] = value
-            if target in batch.values:
-                has = batch.present.get((target, "values"), torch.ones(len(batch), dtype=torch.bool))
-                error = predictions.values[target].double().reshape(-1) - batch.values[target].double().reshape(-1)
-                collected.add(target, (error[has], deviation[has]), (error[has], deviation[has]))
+    if not uncertain and not spread:
+        return
+    # one pass of the model for every uncertainty, the members' forces from its graph
+    requested = {
+        output: ModelOutput(unit="eV", sample_kind="system") for output in (*uncertain.values(), *spread.values())
+    }
+    computed = model(batch.systems, requested)
+    for target, output in uncertain.items():
+        deviation = computed[output].block().values.detach().double().reshape(-1)
+        for frame, value in zip(frames, deviation.tolist()):
+            frame.info[output.replace("/", "_")] = value
+        if target in batch.values:
+            has = batch.present.get((target, "values"), torch.ones(len(batch), dtype=torch.bool))
+            error = predictions.values[target].double().reshape(-1) - batch.values[target].double().reshape(-1)
+            collected.add(target, (error[has], deviation[has]), (error[has], deviation[has]))
     structure_of_atom = torch.repeat_interleave(torch.arange(len(batch)), batch.n_atoms)
     for target, output in spread.items():
-        members = model.member_forces(batch.systems, batch.positions, output).double()
+        gradients = member_gradients(computed[output].block().values, batch.positions)
+        members = -torch.cat([gradient.detach() for gradient in gradients], 1).double()  # (members, atoms, 3)
         deviation = members.std(0)  # (atoms, 3)
         label = term_label(target, "forces")
         per_atom = torch.sqrt((deviation**2).mean(1))
