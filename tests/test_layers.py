@@ -26,6 +26,7 @@ LAYERS = [
     ("models out of mtt", {"export", "inference"}),
     ("options", {"config"}),
     ("how a run begins", {"starts"}),
+    ("active learning", {"learning"}),
     ("commands", {"commands", "testing", "__main__"}),
 ]
 

@@ -67,6 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", default="model.pt", help="where to write the exported model (default: model.pt)"
     )
 
+    learn = commands.add_parser(
+        "learn",
+        parents=[common],
+        help="grow a dataset where the model is unsure: MD, selection, labelling, training, in rounds",
+        description="Active learning: train a model with uncertainty on the training set of an options file, "
+        "then, round by round, run MD with it, label its most uncertain frames with an ASE calculator and "
+        "fine-tune on the grown set. Overrides of the learn options use Hydra's syntax, e.g. "
+        "`mtt learn learn.yaml rounds=3 explore.temperature=400`. Writes learn/round_<n>/, learning.csv and "
+        "learning.png.",
+    )
+    learn.add_argument("learn_options", help="the learn options file (YAML)")
+    learn.add_argument("overrides", nargs="*", help="key=value overrides of the learn options")
+    learn.add_argument(
+        "--restart", metavar="auto", help="'auto': continue the run in the learn folder where it stopped"
+    )
+
     export = commands.add_parser(
         "export",
         parents=[common],
@@ -153,6 +169,10 @@ def run_command(args: argparse.Namespace, context: RunContext) -> None:
         from .commands.calibrate import calibrate
 
         calibrate(args.checkpoint, args.options, args.overrides, args.output, context)
+    elif args.command == "learn":
+        from .commands.learn import learn
+
+        learn(args.learn_options, args.overrides, args.restart)
     elif args.command == "export":
         from .commands.export import export
 
@@ -181,7 +201,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:
-        if args.command in ("train", "calibrate") and not any(extra.startswith("-") for extra in extras):
+        if args.command in ("train", "calibrate", "learn") and not any(extra.startswith("-") for extra in extras):
             args.overrides = list(args.overrides) + extras
         else:
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
