@@ -29,7 +29,7 @@ from ..errors import DataError, EnvironmentProblem, OptionsError
 from ..learning.explore import MDSettings, explore
 from ..learning.label import label, make_calculator
 from ..learning.options import LearnOptions, load_learn_options
-from ..learning.predictor import UncertainForces
+from ..learning.predictor import UncertainForces, check_elements
 from ..learning.rounds import RoundState, learned_block, round_options, train_round, write_text, write_whole
 from ..learning.select import select
 from ..outputs.logs import LOGGER, setup_logging
@@ -100,10 +100,10 @@ def learn(path: str, overrides: list[str], restart: str | None) -> None:
         raise OptionsError(f"--restart auto: '{folder}' holds no mtt learn run to continue.")
     start = _start_data(learn)
     starts = read_frames(Path(learn.explore.start))
-    _check_elements(starts, start.atomic_types, learn.explore.start, "the training set of the options")
+    check_elements(starts, start.atomic_types, learn.explore.start)
     test = _read_test_set(learn.test_set) if learn.test_set else None
     if test is not None:
-        _check_elements(test, start.atomic_types, learn.test_set, "the training set of the options")
+        check_elements(test, start.atomic_types, learn.test_set)
     make_calculator(learn.label.calculator, learn.label.parameters)  # a bad path or parameters fail now
     if learn.model is not None:  # refused now when it has no force uncertainty, or lacks the starts' elements
         UncertainForces(learn.model).check_elements(starts, learn.explore.start)
@@ -375,19 +375,6 @@ def _start_data(learn: LearnOptions) -> StartData:
         force_rms=math.sqrt(squares / max(count, 1)),
         stress=bool(energy.stress),
     )
-
-
-def _check_elements(frames: list[ase.Atoms], known: set[int], where: str, of: str) -> None:
-    from ase.data import chemical_symbols
-
-    for index, atoms in enumerate(frames):
-        unknown = sorted(set(atoms.numbers.tolist()) - known)
-        if unknown:
-            raise DataError(
-                f"structure {index} of {where} contains {', '.join(chemical_symbols[z] for z in unknown)}, "
-                f"which {of} lacks: the model knows nothing of them.",
-                hint="Add structures with these elements to the training set first.",
-            )
 
 
 def _read_test_set(path: str) -> list[ase.Atoms]:

@@ -35,6 +35,19 @@ def structure_of(atoms: ase.Atoms) -> Structure:
     )
 
 
+def check_elements(frames: list[ase.Atoms], known: set[int], where: str) -> None:
+    """Refuse structures with elements outside ``known``: the model knows nothing of them."""
+    for index, atoms in enumerate(frames):
+        unknown = sorted(set(atoms.numbers.tolist()) - known)
+        if unknown:
+            raise DataError(
+                f"structure {index} of {where} contains {', '.join(chemical_symbols[z] for z in unknown)}, "
+                "which the model was not trained on.",
+                hint=f"The model knows {', '.join(chemical_symbols[z] for z in sorted(known))}: add structures "
+                "with these elements to the training set of the options first.",
+            )
+
+
 class UncertainForces:
     """A model with an energy ensemble (trained with uncertainty): forces of its energy and
     of every member from one backward pass, the members' spread as the force uncertainty."""
@@ -54,16 +67,7 @@ class UncertainForces:
         }
 
     def check_elements(self, frames: list[ase.Atoms], where: str) -> None:
-        known = set(self.model.atomic_types)
-        for index, atoms in enumerate(frames):
-            unknown = sorted(set(atoms.numbers.tolist()) - known)
-            if unknown:
-                names = ", ".join(chemical_symbols[z] for z in unknown)
-                raise DataError(
-                    f"structure {index} of {where} contains {names}, which the model was not trained on.",
-                    hint=f"The model knows {', '.join(chemical_symbols[z] for z in sorted(known))}: add structures "
-                    "with these elements to the training set of the options first.",
-                )
+        check_elements(frames, set(self.model.atomic_types), where)
 
     def __call__(self, structures: list[Structure]) -> Prediction:
         compute_neighbor_lists(structures, self.requests)
