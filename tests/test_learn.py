@@ -5,6 +5,7 @@ failures skipped with a count; bad input refused before anything is written."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sys
 from pathlib import Path
@@ -134,6 +135,24 @@ def test_rounds_grow_the_dataset_and_continue(start, tmp_path):
     assert more.returncode == 0, more.stderr
     assert [row["round"] for row in learning_rows(tmp_path)] == ["0", "1", "2", "3"]
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
+
+
+def test_auto_max_uncertainty_follows_a_model_unsure_everywhere(start, tmp_path):
+    # a threshold far below the model's own uncertainty at its training structures: a
+    # limit of 5 x threshold alone would stop every MD at its start; auto takes 3 x the
+    # model's median at the starts instead, and the MD explores
+    options = learn_file(tmp_path, start, select="{max_per_round: 4, threshold: 0.0001}")
+    result = run_mtt("learn", str(options), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    explored = json.loads((tmp_path / "learn" / "round_1" / "round.json").read_text())["explore"]
+    assert f"round 1: the MD stops above {explored['max_uncertainty']:.3g} eV/Å" in result.stdout
+    assert explored["max_uncertainty"] > 0.0005
+    assert explored["stopped_early"] < 10 and "stopped at its start" not in result.stdout
+    # the force uncertainty is computed on the frames considered (every 4 steps), and on all of them
+    trace = list(csv.DictReader((tmp_path / "learn" / "round_1" / "md_trace.csv").open()))
+    assert {int(row["step"]) % 4 for row in trace} == {0}
+    assert all(np.isfinite(float(row["force_uncertainty_eV_per_A"])) for row in trace)
+    assert max(int(row["step"]) for row in trace) == 40
 
 
 def test_interrupted_labelling_continues_without_labelling_twice(start, tmp_path):

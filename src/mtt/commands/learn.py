@@ -74,6 +74,12 @@ COLUMNS = [
 ]
 
 
+#: explore.max_uncertainty: auto, over the model's median force uncertainty at the starts and
+#: over the selection threshold (the larger of the two)
+AUTO_MAX_OVER_STARTS = 3.0
+AUTO_MAX_OVER_THRESHOLD = 5.0
+
+
 @dataclass
 class StartData:
     """What the loop needs of the starting training set, read once."""
@@ -108,7 +114,6 @@ def learn(path: str, overrides: list[str], restart: str | None) -> None:
     if learn.model is not None:  # refused now when it has no force uncertainty, or lacks the starts' elements
         UncertainForces(learn.model).check_elements(starts, learn.explore.start)
     threshold = start.force_rms / 10 if learn.select.threshold == "auto" else learn.select.threshold
-    max_uncertainty = 5 * threshold if learn.explore.max_uncertainty == "auto" else learn.explore.max_uncertainty
 
     folder.mkdir(parents=True, exist_ok=True)
     write_text(folder / "learn.yaml", yaml.safe_dump(to_plain(learn), sort_keys=False))
@@ -124,7 +129,7 @@ def learn(path: str, overrides: list[str], restart: str | None) -> None:
         " (auto: a tenth of the RMS of the reference forces)" if learn.select.threshold == "auto" else "",
     )
     try:
-        rows = _run_rounds(learn, start, starts, test, threshold, max_uncertainty, path)
+        rows = _run_rounds(learn, start, starts, test, threshold)
     except KeyboardInterrupt as interrupted:
         raise KeyboardInterrupt(
             f"{interrupted or 'mtt learn was stopped'}; continue with `mtt learn {path} --restart auto` "
@@ -153,8 +158,6 @@ def _run_rounds(
     starts: list[ase.Atoms],
     test: list[ase.Atoms] | None,
     threshold: float,
-    max_uncertainty: float,
-    path: str,
 ) -> list[RoundRow]:
     folder = Path(learn.folder)
     _print_header()
@@ -162,7 +165,7 @@ def _run_rounds(
     _print_row(rows[-1])
     learned: list[dict] = []
     for number in range(1, learn.rounds + 1):
-        row, labelled = _round(learn, number, start, starts, test, threshold, max_uncertainty, learned, rows[-1])
+        row, labelled = _round(learn, number, start, starts, test, threshold, learned, rows[-1])
         rows.append(row)
         _print_row(row)
         _write_results(folder, rows, test is not None)
@@ -213,7 +216,6 @@ def _round(
     starts: list[ase.Atoms],
     test: list[ase.Atoms] | None,
     threshold: float,
-    max_uncertainty: float,
     learned: list[dict],
     previous: RoundRow,
 ) -> tuple[RoundRow, Path | None]:
@@ -227,6 +229,7 @@ def _round(
 
     if not state.done("explore"):
         started = time.monotonic()
+        max_uncertainty = _max_uncertainty(learn, model, starts, threshold, number)
         settings = MDSettings(
             learn.temperature(number),
             learn.explore.steps,
@@ -259,6 +262,7 @@ def _round(
                 "stopped_early": len(found.stops),
                 "md_uncertainty": float(np.median(uncertainties)) if uncertainties else math.nan,
                 "temperature": settings.temperature,
+                "max_uncertainty": max_uncertainty,
                 "seconds": time.monotonic() - started,
             },
         )
@@ -326,6 +330,28 @@ def _round(
         state.stages["train"]["seconds"],
     )
     return row, labelled_file
+
+
+def _max_uncertainty(
+    learn: LearnOptions, model: UncertainForces, starts: list[ase.Atoms], threshold: float, number: int
+) -> float:
+    """The force uncertainty at which a round's MD stops. auto: the model's own uncertainty
+    where it was trained decides what "left its data" means: a model that is unsure
+    everywhere (a few training structures) would otherwise stop at its first steps."""
+    if learn.explore.max_uncertainty != "auto":
+        return learn.explore.max_uncertainty
+    at_starts = float(np.median(model.predict_frames(starts).uncertainty))
+    limit = max(AUTO_MAX_OVER_STARTS * at_starts, AUTO_MAX_OVER_THRESHOLD * threshold)
+    LOGGER.info(
+        "round %d: the MD stops above %.3g eV/Å force uncertainty (auto: the larger of %g times the model's "
+        "median at the starts, %.3g eV/Å, and %g times the threshold)",
+        number,
+        limit,
+        AUTO_MAX_OVER_STARTS,
+        at_starts,
+        AUTO_MAX_OVER_THRESHOLD,
+    )
+    return limit
 
 
 def _start_data(learn: LearnOptions) -> StartData:

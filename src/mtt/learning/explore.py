@@ -103,8 +103,11 @@ def _evaluate(
     model: UncertainForces, trajectories: list[_Trajectory], step: int, settings: MDSettings, result: Exploration
 ) -> None:
     """Forces at the trajectories' new positions, the half kick that ends their step, their
-    checks, and their frame when it is one to consider (or the one they stop at)."""
-    prediction = model([structure_of(t.atoms) for t in trajectories])
+    checks, and their frame when it is one to consider (or the one they stop at). The force
+    uncertainty, which costs a backward pass per member, is computed on the frames to
+    consider only: the physical checks run every step, the uncertainty's every ``every``."""
+    considered = step % settings.every == 0
+    prediction = model([structure_of(t.atoms) for t in trajectories], uncertainty=considered)
     dt = settings.timestep * ase.units.fs
     for t, energy, forces, uncertainty in zip(
         trajectories, prediction.energies, prediction.forces, prediction.uncertainty
@@ -118,12 +121,12 @@ def _evaluate(
             reason = "the model's forces are not finite"
         elif closest < settings.min_distance:
             reason = f"atoms {closest:.2f} Å apart, closer than explore.min_distance ({settings.min_distance} Å)"
-        elif uncertainty > settings.max_uncertainty:
+        elif considered and uncertainty > settings.max_uncertainty:
             reason = (
                 f"force uncertainty {uncertainty:.3g} eV/Å above explore.max_uncertainty "
                 f"({settings.max_uncertainty:.3g} eV/Å)"
             )
-        if step % settings.every == 0 or reason is not None:
+        if considered or reason is not None:
             result.trace.append(
                 (t.start, step, step * settings.timestep, float(energy), float(uncertainty), t.temperature(), closest)
             )

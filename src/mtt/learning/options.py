@@ -32,8 +32,9 @@ class ExploreOptions:
     every: int = option(10, "Every how many steps a frame is considered for selection.")
     max_uncertainty: Union[float, Literal["auto"]] = option(
         "auto",
-        "A start's MD stops when a structure's force uncertainty (eV/Å) exceeds this: the model left its "
-        "data. auto: 5 times the selection threshold.",
+        "A start's MD stops when a structure's force uncertainty (eV/Å, computed every `every` steps) exceeds "
+        "this: the model left its data. auto, each round: the larger of 3 times the model's median force "
+        "uncertainty at the starting structures and 5 times the selection threshold.",
     )
     min_distance: float = option(
         0.5, "A start's MD stops when two atoms come closer than this (Å): a physical check of the model."

@@ -69,23 +69,29 @@ class UncertainForces:
     def check_elements(self, frames: list[ase.Atoms], where: str) -> None:
         check_elements(frames, set(self.model.atomic_types), where)
 
-    def __call__(self, structures: list[Structure]) -> Prediction:
+    def __call__(self, structures: list[Structure], uncertainty: bool = True) -> Prediction:
+        """Energies and forces; the force uncertainty too unless ``uncertainty`` is false
+        (NaN then): the members' forces cost a backward pass each."""
         compute_neighbor_lists(structures, self.requests)
         batch = make_batch(structures, self.model.dtype, torch.device("cpu"), True, False, flat=False)
-        computed = self.model(batch.systems, self.outputs)
-        members = torch.cat([computed[name].block().values for name in self.outputs], 1)
+        outputs = self.outputs if uncertainty else {"energy": self.outputs["energy"]}
+        computed = self.model(batch.systems, outputs)
+        members = torch.cat([computed[name].block().values for name in outputs], 1)
         gradients = member_gradients(members, batch.positions)  # per structure: (1 + members, atoms, 3)
         energies = members[:, 0].detach().double().numpy()
-        forces, uncertainty = [], []
+        forces, spreads = [], []
         for gradient in gradients:
             gradient = gradient.detach().double()
             forces.append(-gradient[0].numpy())
-            spread = gradient[1:].std(0)
-            uncertainty.append(float(torch.sqrt((spread**2).mean())))
-        return Prediction(energies, forces, np.array(uncertainty))
+            spread = gradient[1:].std(0) if uncertainty else torch.full((1,), torch.nan, dtype=torch.float64)
+            spreads.append(float(torch.sqrt((spread**2).mean())))
+        return Prediction(energies, forces, np.array(spreads))
 
-    def predict_frames(self, frames: list[ase.Atoms], batch_size: int = 16) -> Prediction:
-        parts = [self([structure_of(a) for a in frames[i : i + batch_size]]) for i in range(0, len(frames), batch_size)]
+    def predict_frames(self, frames: list[ase.Atoms], batch_size: int = 16, uncertainty: bool = True) -> Prediction:
+        parts = [
+            self([structure_of(a) for a in frames[i : i + batch_size]], uncertainty)
+            for i in range(0, len(frames), batch_size)
+        ]
         return Prediction(
             np.concatenate([p.energies for p in parts]),
             [f for p in parts for f in p.forces],

@@ -220,10 +220,11 @@ def fit_uncertainty(
 def member_gradients(members: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The gradient of each ensemble member's energies, ``members`` (structures, members),
     summed over structures, against each of ``inputs``: (members, *input's shape) each.
-    All members in one batched backward pass (vmap), which costs a fraction of a pass each."""
-    count = members.shape[1]
-    ones = torch.eye(count, dtype=members.dtype, device=members.device)[:, None, :].expand(count, *members.shape)
-    return list(torch.autograd.grad(members, inputs, grad_outputs=ones, is_grads_batched=True, retain_graph=True))
+    One backward pass a member through the retained graph: on batches of structures this
+    is several times faster than one batched pass (``is_grads_batched``), whose batching
+    rules for the gathers and scatters of the models expand every member's cotangents."""
+    columns = [torch.autograd.grad(members[:, k].sum(), inputs, retain_graph=True) for k in range(members.shape[1])]
+    return [torch.stack([column[i] for column in columns]) for i in range(len(inputs))]
 
 
 def _force_spread_sums(
