@@ -62,15 +62,16 @@ def systems():
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def write_sets(seed: int = 0) -> dict[str, Path]:
-    """train (300), validation (50), held-out (300) and the held-out rattled by 0.1 and 0.2 Å."""
-    WORK.mkdir(parents=True, exist_ok=True)
+def write_sets(seed: int = 0, folder: Path = WORK) -> dict[str, Path]:
+    """train (300), validation (50), held-out (300) and the held-out rattled by 0.1 and 0.2 Å,
+    as extended XYZ files in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
     frames = ase.io.read(XTB, ":")
     order = np.random.default_rng(seed).permutation(len(frames))
     parts = {"train": order[:300], "validation": order[300:350], "held_out": order[350:650]}
     paths = {}
     for name, indices in parts.items():
-        paths[name] = WORK / f"{name}.xyz"
+        paths[name] = folder / f"{name}.xyz"
         ase.io.write(paths[name], [frames[i] for i in indices], format="extxyz")
     for amplitude in (0.1, 0.2):
         rattled = []
@@ -81,7 +82,7 @@ def write_sets(seed: int = 0) -> dict[str, Path]:
             atoms.arrays = {key: value for key, value in atoms.arrays.items() if key in ("numbers", "positions")}
             atoms.rattle(amplitude, seed=k)
             rattled.append(atoms)
-        paths[f"rattled_{amplitude}"] = WORK / f"rattled_{amplitude}.xyz"
+        paths[f"rattled_{amplitude}"] = folder / f"rattled_{amplitude}.xyz"
         ase.io.write(paths[f"rattled_{amplitude}"], rattled, format="extxyz")
     return paths
 
@@ -143,6 +144,15 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def calibration_bins(predicted: np.ndarray, observed: np.ndarray, bins: int = 10) -> list[tuple[float, float, int]]:
+    """(RMS predicted uncertainty, observed RMSE, structures) in ``bins`` bins of equal counts
+    of predicted uncertainty, from the least uncertain; ``observed`` holds the errors."""
+    chunks = np.array_split(np.argsort(predicted), bins)
+    return [
+        (float(np.sqrt((predicted[c] ** 2).mean())), float(np.sqrt((observed[c] ** 2).mean())), len(c)) for c in chunks
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--architectures", nargs="+", default=["soap_bpnn", "equivariant_mp"])
@@ -159,12 +169,8 @@ def main() -> None:
         rattled = {a: evaluate(model, paths[f"rattled_{a}"], WORK / architecture / f"eval_{a}")[0] for a in (0.1, 0.2)}
         for quantity, (unit, scale) in units.items():
             predicted, observed = held[quantity], errors[quantity]
-            order = np.argsort(predicted)
-            for chunk in np.array_split(order, 10):
-                calibration.append(
-                    (architecture, quantity, f"{np.sqrt((predicted[chunk] ** 2).mean()) * scale:.2f}",
-                     f"{np.sqrt((observed[chunk] ** 2).mean()) * scale:.2f}", len(chunk))
-                )  # fmt: skip
+            for sigma, rmse, count in calibration_bins(predicted, observed):
+                calibration.append((architecture, quantity, f"{sigma * scale:.2f}", f"{rmse * scale:.2f}", count))
             quality.append(
                 (
                     architecture,
