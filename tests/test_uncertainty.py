@@ -67,8 +67,11 @@ def _uncertainties(model: Path) -> dict:
         rotated.cell = rotated.cell[:] @ rotation.T
         rattled = atoms.copy()
         rattled.rattle(0.3, seed=2)
+        moved = atoms.copy()
+        moved.positions[1] += [0.4, 0.2, 0.0]
         figures = {{
             "outputs": outputs,
+            "moved atoms": run(moved, ["energy_uncertainty@atom"])["energy_uncertainty"],
             "energy alone": run(atoms, ["energy"])["energy"],
             "both": run(atoms, ["energy", "energy_uncertainty"]),
             "atoms": run(atoms, ["energy_uncertainty@atom"])["energy_uncertainty"],
@@ -97,6 +100,10 @@ def test_training_fits_an_uncertainty_that_leaves_mtt(trained):
     assert figures["both"]["energy"] == pytest.approx(figures["energy alone"], rel=1e-12)
     # an atom's local uncertainty, one per atom; invariant under rotations
     assert len(figures["atoms"]) == figures["n_atoms"] and min(figures["atoms"]) > 0
+    # the atoms' local variances add up to about the structure's, and an atom moved off its
+    # site is less certain than it was
+    assert 1 / 4 < np.sqrt(np.sum(np.square(figures["atoms"]))) / structure < 4
+    assert figures["moved atoms"][1] > 1.2 * figures["atoms"][1]
     assert figures["rotated"][0] == pytest.approx(structure, rel=1e-6)
     # a structure far from the training data is less certain
     assert figures["rattled"][0] > structure
@@ -222,6 +229,10 @@ def test_two_ranks_fit_the_uncertainty_of_one_process(tmp_path):
     assert float(one["uncertainty.factors"][0]) > 0
     torch.testing.assert_close(two["uncertainty.factors"], one["uncertainty.factors"], rtol=1e-6, atol=0)
     torch.testing.assert_close(two["uncertainty.inverse"], one["uncertainty.inverse"], rtol=1e-5, atol=1e-9)
+    # the atoms' local posterior too
+    assert float(one["uncertainty.local_factors"][0]) > 0
+    torch.testing.assert_close(two["uncertainty.local_factors"], one["uncertainty.local_factors"], rtol=1e-6, atol=0)
+    torch.testing.assert_close(two["uncertainty.local_inverse"], one["uncertainty.local_inverse"], rtol=1e-5, atol=1e-9)
     # the same members, their spread scaled on the forces of both ranks' validation structures
     assert one["uncertainty.ensemble"].shape[-1] == 16  # the default size
     assert float(one["uncertainty.ensemble"].abs().max()) > 0
@@ -266,7 +277,13 @@ def test_calibrate_fits_a_trained_model_as_its_training_would_have(tmp_path):
     fitted = torch.load(checkpoint, weights_only=True)["best_model_state"]
     (new,) = [p for p in trained.glob("outputs/*/*/model.ckpt") if p != checkpoint]
     calibrated = torch.load(new, weights_only=True)["best_model_state"]
-    for name in ("uncertainty.inverse", "uncertainty.factors", "uncertainty.ensemble"):
+    for name in (
+        "uncertainty.inverse",
+        "uncertainty.factors",
+        "uncertainty.ensemble",
+        "uncertainty.local_inverse",
+        "uncertainty.local_factors",
+    ):
         torch.testing.assert_close(calibrated[name], fitted[name], rtol=1e-9, atol=0)
     for name, value in fitted.items():  # the weights are the checkpoint's
         if not name.startswith("uncertainty."):

@@ -80,8 +80,14 @@ class LastLayerUncertainty(torch.nn.Module):
     structures' last-layer features, and one calibrated factor per output column (zero:
     no uncertainty for that column).
 
-    An output's variance for a structure (or an atom) with summed features ``f`` is
-    ``factor**2 * f @ inverse @ f``. An ensemble of last-layer weights sampled from that
+    An output's variance for a structure with summed features ``f`` is
+    ``factor**2 * f @ inverse @ f``. An atom's local variance is the same form of its own
+    features with ``local_inverse``, the inverse of the regularised covariance of the
+    training *atoms'* features, and ``local_factors``, calibrated so that the atoms'
+    variances add up to the structures' squared errors: the structures' posterior alone
+    leaves an atom's share of the energy unconstrained in the directions along which sums
+    over a structure's atoms hardly vary (a fixed composition), and its local variances
+    there are many times the structure's. An ensemble of last-layer weights sampled from that
     posterior, ``ensemble[column]`` (features, members), gives each member's deviation
     ``f @ ensemble[column]``, whose derivatives are the members' forces. It is fitted by
     the framework after training (:mod:`mtt.training.uncertainty`); checkpoints of an mtt
@@ -94,8 +100,14 @@ class LastLayerUncertainty(torch.nn.Module):
         self.register_buffer("factors", torch.zeros(n_columns, dtype=torch.float64))
         # no member until fitted: their number is a training option
         self.register_buffer("ensemble", torch.zeros(n_columns, n_features, 0, dtype=torch.float64))
+        self.register_buffer("local_inverse", torch.zeros(n_features, n_features, dtype=torch.float64))
+        self.register_buffer("local_factors", torch.zeros(n_columns, dtype=torch.float64))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        for local, structure in (("local_inverse", "inverse"), ("local_factors", "factors")):
+            # fitted before local posteriors: atoms keep the structures' one, as then
+            if prefix + local not in state_dict and prefix + structure in state_dict:
+                state_dict[prefix + local] = state_dict[prefix + structure].clone()
         for name, value in self._buffers.items():
             if value is None:
                 continue
@@ -111,12 +123,15 @@ class LastLayerUncertainty(torch.nn.Module):
         """Every ensemble member's deviation from output ``column``, (rows, members)."""
         return features.to(torch.float64) @ self.ensemble[column].to(torch.float64)
 
-    def forward(self, features: torch.Tensor, column: int) -> torch.Tensor:
-        """Standard deviations of output ``column``, (rows, 1), for rows of features."""
+    def forward(self, features: torch.Tensor, column: int, local: bool = False) -> torch.Tensor:
+        """Standard deviations of output ``column``, (rows, 1), for rows of features: of
+        structures (summed features), or of atoms with ``local``."""
+        inverse = self.local_inverse if local else self.inverse
+        factor = self.local_factors[column] if local else self.factors[column]
         # in float64 even in a model cast to float32: the quadratic form cancels large terms
         rows = features.to(torch.float64)
-        variances = (rows @ self.inverse.to(torch.float64) * rows).sum(1, keepdim=True)
-        return self.factors[column].to(torch.float64) * torch.sqrt(variances.clamp(min=0.0))
+        variances = (rows @ inverse.to(torch.float64) * rows).sum(1, keepdim=True)
+        return factor.to(torch.float64) * torch.sqrt(variances.clamp(min=0.0))
 
 
 class Model(torch.nn.Module):
@@ -388,7 +403,8 @@ class Model(torch.nn.Module):
             for i, name in enumerate(self.uncertainty_names):
                 if name == "" or name not in outputs:
                     continue
-                if outputs[name].sample_kind == "atom":  # an atom's own uncertainty: its local one
+                local = outputs[name].sample_kind == "atom"
+                if local:  # an atom's own uncertainty: its local one
                     rows = features
                     samples = Labels(
                         ["system", "atom"], torch.stack([system_of_atom, atom_in_system], 1).to(torch.int32)
@@ -396,7 +412,7 @@ class Model(torch.nn.Module):
                 else:  # a structure's: of its summed features, not a sum of its atoms'
                     rows = torch.zeros((len(systems), features.shape[1]), dtype=features.dtype, device=device)
                     rows, samples = rows.index_add(0, system_of_atom, features), system_samples
-                values = self.uncertainty(rows, self.output_starts[i]).to(per_atom.dtype)
+                values = self.uncertainty(rows, self.output_starts[i], local).to(per_atom.dtype)
                 block = TensorBlock(values=values, samples=samples, components=[], properties=one)
                 results[name] = TensorMap(keys, [block])
             for i, name in enumerate(self.ensemble_names):

@@ -8,6 +8,11 @@ for a regularisation, the factor that minimises it is ``sqrt(mean(error**2 / v))
 ``v = f @ (C + r I)^-1 @ f``, and the regularisation kept is the one of the lowest
 likelihood over a grid of decades.
 
+An atom's local uncertainty has a posterior of its own: the covariance of the training
+atoms' features, regularised and scaled by the same likelihood, with a structure's
+variance taken as the sum of its atoms' (the structures' posterior leaves an atom's share
+of the energy unconstrained where sums over a structure's atoms hardly vary).
+
 The ensemble is sampled from that posterior: last-layer weight deviations ``A @ z`` with
 ``A = (C + r I)^-1/2`` and ``z`` standard normal, the same on every rank (seeded).
 Its spread is scaled, by the same likelihood, to the validation forces' errors when the
@@ -108,12 +113,29 @@ def fit_best_model_uncertainty(
     return fitted
 
 
+@dataclass
+class SetFeatures:
+    """This rank's part of a set, in float64."""
+
+    rows: torch.Tensor  # (structures, features): each structure's summed last-layer features
+    errors: torch.Tensor  # (structures, energy outputs)
+    present: torch.Tensor  # (structures, energy outputs): whether each has a reference
+    atom_covariance: torch.Tensor  # (features, features): sum over the atoms of f f^T
+    #: (structures, features): sum over a structure's atoms of their features' squared
+    #: components along ``atom_basis`` (when given)
+    atom_projections: torch.Tensor | None
+
+
 def _features_of_set(
-    trainer: Trainer, model: torch.nn.Module, structures: StructureSet, columns: dict[str, int]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This rank's part of a set: every structure's summed last-layer features (float64),
-    its energy outputs' errors and whether each has a reference."""
-    rows, errors, present = [], [], []
+    trainer: Trainer,
+    model: torch.nn.Module,
+    structures: StructureSet,
+    columns: dict[str, int],
+    atom_basis: torch.Tensor | None = None,
+) -> SetFeatures:
+    rows, errors, present, projections = [], [], [], []
+    width = model.uncertainty.inverse.shape[0]
+    atom_covariance = torch.zeros((width, width), dtype=torch.float64)
     model.eval()
     for read in trainer.loader(structures, model).batches(trainer.set_batches(structures)):
         batch = trainer.batch(read)
@@ -122,8 +144,13 @@ def _features_of_set(
             raw, features = model.per_atom_outputs_and_features(flat)
             per_atom = model.composition(flat.types, raw)
         n = len(batch)
+        atoms = features.double()
+        atom_covariance += (atoms.T @ atoms).cpu()
         summed = torch.zeros((n, features.shape[1]), dtype=torch.float64, device=features.device)
-        rows.append(summed.index_add(0, flat.structure, features.double()).cpu())
+        rows.append(summed.index_add(0, flat.structure, atoms).cpu())
+        if atom_basis is not None:
+            squares = (atoms @ atom_basis.to(atoms.device)) ** 2
+            projections.append(torch.zeros_like(summed).index_add(0, flat.structure, squares).cpu())
         totals = torch.zeros((n, per_atom.shape[1]), dtype=torch.float64, device=per_atom.device)
         totals = totals.index_add(0, flat.structure, per_atom.double()).cpu()
         error, has = [], []
@@ -139,42 +166,49 @@ def _features_of_set(
             has.append(torch.ones(n, dtype=torch.bool) if mask is None else mask.cpu())
         errors.append(torch.stack(error, 1))
         present.append(torch.stack(has, 1))
-    width = model.uncertainty.inverse.shape[0]
     if not rows:
-        return torch.zeros((0, width), dtype=torch.float64), torch.zeros((0, len(columns))), torch.zeros((0, 0))
-    return torch.cat(rows), torch.cat(errors), torch.cat(present)
+        empty = torch.zeros((0, width), dtype=torch.float64)
+        return SetFeatures(
+            empty,
+            torch.zeros((0, len(columns)), dtype=torch.float64),
+            torch.zeros((0, len(columns)), dtype=torch.bool),
+            atom_covariance,
+            empty if atom_basis is not None else None,
+        )
+    return SetFeatures(
+        torch.cat(rows),
+        torch.cat(errors),
+        torch.cat(present),
+        atom_covariance,
+        torch.cat(projections) if atom_basis is not None else None,
+    )
 
 
-def fit_uncertainty(
-    trainer: Trainer, model: torch.nn.Module, train: StructureSet, validation: StructureSet
-) -> UncertaintyFit:
-    """Fit ``model.uncertainty`` (its best weights loaded) on every rank."""
-    started = time.monotonic()
-    environment = trainer.environment
-    columns = energy_columns(model)
-    features, _, _ = _features_of_set(trainer, model, train, columns)
-    covariance = environment.all_reduce_sum(features.T @ features)
-    count = int(environment.all_reduce_sum(torch.tensor([float(len(features))], dtype=torch.float64))[0])
-    eigenvalues, vectors = torch.linalg.eigh(covariance)
-    eigenvalues = eigenvalues.clamp(min=0.0)
-    scale = float(eigenvalues.mean()) or 1.0
-    rows, errors, present = _features_of_set(trainer, model, validation, columns)
-    projected = (rows @ vectors) ** 2 if len(rows) else rows
-    # per regularisation and output: sum of error^2 / v, sum of log v, count
-    sums = torch.zeros((len(REGULARISATIONS), len(columns), 3), dtype=torch.float64)
+def _likelihood_sums(
+    projected: torch.Tensor, eigenvalues: torch.Tensor, scale: float, errors: torch.Tensor, present: torch.Tensor
+) -> torch.Tensor:
+    """Per regularisation and output, this rank's sum of error^2 / v, of log v and the
+    count, where ``v = sum_j projected_j / (eigenvalue_j + regularisation * scale)``."""
+    sums = torch.zeros((len(REGULARISATIONS), errors.shape[1], 3), dtype=torch.float64)
+    if not len(projected):
+        return sums
     for k, relative in enumerate(REGULARISATIONS):
-        if not len(rows):
-            break
         variances = (projected / (eigenvalues + relative * scale)).sum(1).clamp(min=1e-300)
-        for c in range(len(columns)):
+        for c in range(errors.shape[1]):
             mask = present[:, c]
             v, e = variances[mask], errors[mask, c]
             sums[k, c] = torch.tensor([float((e**2 / v).sum()), float(torch.log(v).sum()), float(mask.sum())])
-    sums = environment.all_reduce_sum(sums)
+    return sums
+
+
+def _most_likely(sums: torch.Tensor) -> tuple[int, list[float] | None, float]:
+    """The regularisation (its index) of the lowest negative log-likelihood summed over the
+    outputs, each output's factor ``sqrt(mean(error^2 / v))`` there, and that likelihood
+    per structure; no factors when no output has errors."""
     best, best_nll, best_factors = len(REGULARISATIONS) - 1, math.inf, None
     for k in range(len(REGULARISATIONS)):
         factors, nll = [], 0.0
-        for c in range(len(columns)):
+        for c in range(sums.shape[1]):
             ratio, logs, n = sums[k, c].tolist()
             if n == 0 or ratio <= 0:
                 factors.append(0.0)
@@ -184,6 +218,37 @@ def fit_uncertainty(
             factors.append(math.sqrt(alpha2))
         if nll < best_nll and any(factors):
             best, best_nll, best_factors = k, nll, factors
+    return best, best_factors, best_nll
+
+
+def _eigen(covariance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Eigenvalues (clamped at 0), eigenvectors and mean eigenvalue (1 when all vanish)."""
+    eigenvalues, vectors = torch.linalg.eigh(covariance)
+    eigenvalues = eigenvalues.clamp(min=0.0)
+    return eigenvalues, vectors, float(eigenvalues.mean()) or 1.0
+
+
+def fit_uncertainty(
+    trainer: Trainer, model: torch.nn.Module, train: StructureSet, validation: StructureSet
+) -> UncertaintyFit:
+    """Fit ``model.uncertainty`` (its best weights loaded) on every rank."""
+    started = time.monotonic()
+    environment = trainer.environment
+    columns = energy_columns(model)
+    train_set = _features_of_set(trainer, model, train, columns)
+    features = train_set.rows
+    covariance = environment.all_reduce_sum(features.T @ features)
+    count = int(environment.all_reduce_sum(torch.tensor([float(len(features))], dtype=torch.float64))[0])
+    eigenvalues, vectors, scale = _eigen(covariance)
+    atom_eigenvalues, atom_vectors, atom_scale = _eigen(environment.all_reduce_sum(train_set.atom_covariance))
+    validation_set = _features_of_set(trainer, model, validation, columns, atom_basis=atom_vectors)
+    rows, errors, present = validation_set.rows, validation_set.errors, validation_set.present
+    projected = (rows @ vectors) ** 2 if len(rows) else rows
+    sums = environment.all_reduce_sum(_likelihood_sums(projected, eigenvalues, scale, errors, present))
+    best, best_factors, best_nll = _most_likely(sums)
+    local_sums = _likelihood_sums(validation_set.atom_projections, atom_eigenvalues, atom_scale, errors, present)
+    local_best, local_factors, _ = _most_likely(environment.all_reduce_sum(local_sums))
+    local_relative = REGULARISATIONS[local_best]
     relative = REGULARISATIONS[best]
     inverse = (vectors / (eigenvalues + relative * scale)) @ vectors.T
     size = trainer.hypers.uncertainty_ensemble_size
@@ -198,6 +263,12 @@ def fit_uncertainty(
     with torch.no_grad():
         model.uncertainty.inverse.copy_(inverse)
         model.uncertainty.factors.zero_()
+        model.uncertainty.local_inverse.copy_(
+            (atom_vectors / (atom_eigenvalues + local_relative * atom_scale)) @ atom_vectors.T
+        )
+        model.uncertainty.local_factors.zero_()
+        for column, factor in zip(columns.values(), local_factors or []):
+            model.uncertainty.local_factors[column] = factor
         ensemble = torch.zeros((model.n_columns, len(eigenvalues), size), dtype=torch.float64)
         for c, (column, factor) in enumerate(zip(columns.values(), factors)):
             model.uncertainty.factors[column] = factor
