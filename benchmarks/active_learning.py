@@ -3,11 +3,13 @@ periodic copper with EMT (stress included).
 
     python benchmarks/active_learning.py [--system ethanol|copper] [--rounds 5] [--per-round 20]
                                          [--steps 1000] [--epochs 500] [--finetune-epochs 100]
+                                         [--mode finetune|retrain]
 
 ethanol: from 20 random structures of the shared ethanol_xtb_2000.xyz (GFN2-xTB, eV),
 `mtt learn` runs ``--rounds`` rounds of MD at 500 K from those 20 structures with the
 current SOAP-BPNN, labels the ``--per-round`` most uncertain, diverse frames with tblite in
-a pool of two processes, and fine-tunes. The held-out set is the other 1980 structures of
+a pool of two processes, and fine-tunes for ``--finetune-epochs`` (``--mode retrain``:
+trains from scratch for ``--epochs``, as the starting model). The held-out set is the other 1980 structures of
 the file.
 
 copper: the same loop from 10 rattled, strained 32-atom fcc cells labelled with EMT (energy,
@@ -17,9 +19,11 @@ forces and stress), MD at 1000 K. The held-out set is 200 frames of EMT's own La
 The control is a model trained from scratch on the starting structures and as many frames
 as the loop added, taken at random from the very MD runs of the loop (their
 candidates.xyz), labelled with the same reference the same way, with the starting model's
-training settings. Reports the held-out force and energy RMSE of the starting model, of the
-loop's last model and of the control, their ratios, and the loop's time per stage
-(labelling included). Its files go to ``.bench/active_learning/<system>/``.
+training settings; and, to tell the data from the training, a model trained from scratch
+the same way on the loop's structures. Reports the held-out force and energy RMSE of the
+starting model, of the loop's last model, of the control and of the loop's data trained
+from scratch, their ratios, and the loop's time per stage (labelling included). Its files
+go to ``.bench/active_learning/<system>/``.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ rounds: {rounds}
 explore: {{start: start.xyz, temperature: {temperature}, steps: {steps}, timestep: {timestep}, every: 10}}
 select: {{max_per_round: {per_round}}}
 label: {{calculator: "{calculator}", parameters: {parameters}, processes: 2}}
-train: {{overrides: [architecture.training.num_epochs={finetune_epochs}]}}
+train: {{mode: {mode}, overrides: [architecture.training.num_epochs={round_epochs}]}}
 """
 
 
@@ -177,6 +181,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=500, help="of the starting model and the control")
     parser.add_argument("--finetune-epochs", type=int, default=100, help="of each round's fine-tuning")
+    parser.add_argument(
+        "--mode", choices=["finetune", "retrain"], default="finetune", help="train.mode: retrain takes --epochs"
+    )
     args = parser.parse_args()
     system = ethanol() if args.system == "ethanol" else copper()
     work = BENCH / "active_learning" / args.system
@@ -190,7 +197,8 @@ def main() -> None:
             rounds=args.rounds,
             steps=args.steps,
             per_round=args.per_round,
-            finetune_epochs=args.finetune_epochs,
+            mode=args.mode,
+            round_epochs=args.finetune_epochs if args.mode == "finetune" else args.epochs,
             temperature=system.temperature,
             timestep=system.timestep,
             calculator=system.calculator,
@@ -212,10 +220,13 @@ def main() -> None:
     ]
     picked = np.random.default_rng(5).choice(len(candidates), added, replace=False)
     chosen = labelled([candidates[i] for i in picked], system.reference(), system.stress)
-    control = fresh(work / "control")
-    ase.io.write(control / "train.xyz", system.start + chosen, format="extxyz")
-    (control / "options.yaml").write_text(OPTIONS.format(epochs=args.epochs, train="train.xyz", stress=stress))
-    subprocess.run([sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=control, check=True)
+    learned = ase.io.read(loop / "learn" / "dataset.xyz", ":")
+    for name, frames in (("control", chosen), ("retrained", learned)):
+        folder = fresh(work / name)
+        ase.io.write(folder / "train.xyz", system.start + frames, format="extxyz")
+        (folder / "options.yaml").write_text(OPTIONS.format(epochs=args.epochs, train="train.xyz", stress=stress))
+        subprocess.run([sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=folder, check=True)
+    control = work / "control"
 
     start_count = len(system.start)
     results = {
@@ -228,8 +239,11 @@ def main() -> None:
         f"control: {added} random MD frames ({start_count + added} structures)": held_out_errors(
             last_checkpoint(control), system.held_out
         ),
+        f"the loop's {start_count + added} structures, trained as the control": held_out_errors(
+            last_checkpoint(work / "retrained"), system.held_out
+        ),
     }
-    (start_f, start_e), (learn_f, learn_e), (control_f, control_e) = results.values()
+    (start_f, start_e), (learn_f, learn_e), (control_f, control_e), (data_f, data_e) = results.values()
     print(f"\n{args.system}, held-out: {len(system.held_out)} structures\n")
     print(
         markdown_table(
@@ -241,7 +255,8 @@ def main() -> None:
     print(
         f"\nforce RMSE ratios: mtt learn / starting model {learn_f / start_f:.2f} (goal <= 0.5), "
         f"mtt learn / control {learn_f / control_f:.2f} (goal <= 0.8); energy: {learn_e / start_e:.2f} and "
-        f"{learn_e / control_e:.2f}\n"
+        f"{learn_e / control_e:.2f}; the loop's data trained as the control / control: forces "
+        f"{data_f / control_f:.2f}, energy {data_e / control_e:.2f}\n"
     )
     print(
         markdown_table(
