@@ -155,6 +155,20 @@ def test_auto_max_uncertainty_follows_a_model_unsure_everywhere(start, tmp_path)
     assert max(int(row["step"]) for row in trace) == 40
 
 
+def test_rounds_train_distributed_with_a_launcher(start, tmp_path):
+    launcher = f"{sys.executable} -m torch.distributed.run --nproc-per-node 2 --no-python"
+    options = learn_file(
+        tmp_path, start, train=f"{{launcher: '{launcher}', overrides: [architecture.training.num_epochs=2]}}"
+    )
+    result = run_mtt("learn", str(options), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "learn" / "round_1" / "train.log").read_text()
+    assert "torch.distributed.run --nproc-per-node 2" in log and "distributed=true" in log
+    assert "2 ranks on 1 node(s), launched by torchrun" in log
+    assert int(learning_rows(tmp_path)[1]["added"]) >= 1
+    assert "energy_ensemble" in exported_outputs(tmp_path / "learn" / "round_1" / "model.pt")
+
+
 def test_interrupted_labelling_continues_without_labelling_twice(start, tmp_path):
     log = tmp_path / "calls.log"
     label = f"{{calculator: 'flaky_emt:FlakyEMT', parameters: {{log: {log}, interrupt_at: 3}}}}"
