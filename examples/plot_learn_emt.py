@@ -18,6 +18,7 @@ what the rounds buy. See :doc:`../active-learning` for every option.
 # structures the model will meet in an MD run.
 
 import csv
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,3 +152,8 @@ axes.set_xlabel("MD step")
 axes.set_ylabel("median force uncertainty [eV/Å]")
 axes.legend()
 plt.show()
+
+# %%
+# The example leaves nothing behind.
+
+shutil.rmtree(workdir)
