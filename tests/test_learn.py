@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import ase.io
+import ase.units
 import numpy as np
 import pytest
 from ase.build import bulk
@@ -291,3 +292,28 @@ def test_ethanol_with_tblite(shared_data, tmp_path):
 
 if sys.platform == "win32":  # fcntl, for the test calculators' shared log
     pytestmark = pytest.mark.skip(reason="the test calculators need fcntl")
+
+
+def test_frames_of_different_md_runs_of_a_cell_are_not_near_duplicates():
+    """A bulk cell's sorted distances hardly change between thermal frames: frames of two
+    MD runs are both taken, a frame its own run barely moved from is not."""
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    from mtt.learning.select import select
+
+    frames = []
+    for start in (0, 1):
+        atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+        atoms.calc = EMT()
+        rng = np.random.default_rng(start)
+        MaxwellBoltzmannDistribution(atoms, temperature_K=1000, rng=rng)
+        Langevin(atoms, 2 * ase.units.fs, temperature_K=1000, friction=0.02, rng=rng).run(100)
+        frame = atoms.copy()
+        frame.info.update(start=start, force_uncertainty=1.0 - start / 10)
+        frames.append(frame)
+    nearly = frames[0].copy()
+    nearly.positions += np.random.default_rng(2).normal(scale=0.01, size=nearly.positions.shape)
+    nearly.info.update(start=0, force_uncertainty=0.95)
+    chosen = select([*frames, nearly], threshold=0.1, max_count=3, min_difference=0.05)
+    assert [a.info["force_uncertainty"] for a in chosen] == [1.0, 0.9]

@@ -52,7 +52,8 @@ class SelectOptions:
     min_difference: float = option(
         0.05,
         "Two structures of the same atoms whose sorted interatomic distances (per element pair, up to 6 Å) "
-        "differ by less than this RMS (Å) are near-duplicates: only the more uncertain one is taken.",
+        "differ by less than this RMS (Å) are near-duplicates: only the more uncertain one is taken. Periodic "
+        "cells: two frames of the same MD run whose atoms moved by less than this RMS (Å).",
     )
 
 

@@ -1,5 +1,12 @@
 """Which frames of the MD are labelled: the most uncertain above the threshold, no two of
-them near-duplicates (the MD visits the same region many frames in a row)."""
+them near-duplicates (the MD visits the same region many frames in a row).
+
+Molecules and clusters are compared by their sorted interatomic distances, whatever the
+order or orientation of their atoms. Periodic cells are not: the distribution of a bulk
+cell's distances hardly changes from one thermal frame to another, so frames of unrelated
+MD runs would look alike. Two frames of a cell are near-duplicates only when they come
+from the same MD run and its atoms moved little between them (minimum images, the drift
+of the whole cell removed)."""
 
 from __future__ import annotations
 
@@ -11,9 +18,12 @@ from vesin import NeighborList
 FINGERPRINT_CUTOFF = 6.0
 
 
-def fingerprint(atoms: ase.Atoms) -> tuple[tuple, dict[tuple[int, int], np.ndarray]]:
-    """The structure's elements with their counts, and its sorted interatomic distances up to
-    the cutoff (images included) per element pair: the same for any order of its atoms."""
+def fingerprint(atoms: ase.Atoms) -> tuple:
+    """A periodic cell's MD run, atoms and positions; else the structure's elements with
+    their counts and its sorted interatomic distances up to the cutoff per element pair
+    (the same for any order of its atoms)."""
+    if atoms.pbc.any():
+        return ("cell", atoms.info.get("start"), tuple(atoms.numbers)), atoms.get_scaled_positions(), atoms.cell[:]
     indices, distances = NeighborList(cutoff=FINGERPRINT_CUTOFF, full_list=False).compute(
         atoms.positions, np.asarray(atoms.cell), bool(atoms.pbc.any()), quantities="Pd"
     )
@@ -28,8 +38,17 @@ def fingerprint(atoms: ase.Atoms) -> tuple[tuple, dict[tuple[int, int], np.ndarr
 
 
 def difference(a: tuple, b: tuple) -> float:
-    """RMS difference (Å) of two fingerprints' distances; ``inf`` for other atoms. A pair
-    with more distances under the cutoff in one of them is compared on the common ones."""
+    """RMS difference (Å) of two fingerprints: of a cell's atoms' positions, of a molecule's
+    distances (a pair with more distances under the cutoff in one of them is compared on the
+    common ones); ``inf`` for other atoms or, for cells, another MD run."""
+    if a[0][0] == "cell" or b[0][0] == "cell":
+        if a[0] != b[0] or a[0][1] is None:
+            return float("inf")
+        shift = b[1] - a[1]
+        shift -= np.round(shift)  # the nearest image of each atom
+        moved = shift @ a[2]
+        moved -= moved.mean(0)  # the drift of the whole cell is no change of structure
+        return float(np.sqrt((moved**2).sum(1).mean()))
     if a[0] != b[0] or a[1].keys() != b[1].keys():
         return float("inf")
     squares, count = 0.0, 0
