@@ -14,6 +14,7 @@ import ase.io
 import ase.units
 import numpy as np
 import pytest
+import yaml
 from ase.build import bulk
 from ase.calculators.emt import EMT
 from conftest import SMALL_SOAP, exported_outputs, run_mtt
@@ -72,7 +73,7 @@ def learn_file(folder: Path, start: Path, *, label: str = "{calculator: 'ase.cal
         "explore": f"{{start: {start / 'start.xyz'}, temperature: 800, steps: 40, timestep: 2, every: 4}}",
         "select": "{max_per_round: 4}",
         "label": label,
-        "train": "{overrides: [architecture.training.num_epochs=4]}",
+        "train": "{final: none, overrides: [architecture.training.num_epochs=4]}",
         **more,
     }
     path = folder / "learn.yaml"
@@ -96,12 +97,13 @@ def test_rounds_grow_the_dataset_and_continue(start, tmp_path):
         rounds=2,
         test_set=str(start / "test.xyz"),
         explore=f"{{start: {tmp_path / 'seeds.xyz'}, temperature: 800, steps: 40, timestep: 2, every: 4}}",
+        train="{overrides: [architecture.training.num_epochs=4]}",  # and the final training, by default
     )
     result = run_mtt("learn", str(options), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "the MD from start 0 stopped at its start: atoms 0.30 Å apart" in result.stdout
     rows = learning_rows(tmp_path)
-    assert [row["round"] for row in rows] == ["0", "1", "2"]
+    assert [row["round"] for row in rows] == ["0", "1", "2", "final"]
     assert all(float(row["test_force_rmse"]) > 0 for row in rows)
     learned = tmp_path / "learn"
     for number in (1, 2):
@@ -119,6 +121,17 @@ def test_rounds_grow_the_dataset_and_continue(start, tmp_path):
         assert "round_1/labelled.xyz" in round_options
         assert f"round_{number - 1}" in round_options or str(start / "start.ckpt") in round_options
     assert "energy_ensemble" in exported_outputs(learned / "round_2" / "model.pt")
+    # the final model: from scratch, on every labelled structure, with the starting epochs
+    final_options = yaml.safe_load((learned / "final" / "options.yaml").read_text())
+    assert "finetune" not in final_options["architecture"]["training"]
+    assert final_options["architecture"]["training"]["num_epochs"] == 12
+    assert "--restart" not in (learned / "final" / "train.log").read_text()
+    assert [block["systems"]["read_from"] for block in final_options["training_set"][1:]] == [
+        str(learned / f"round_{n}" / "labelled.xyz") for n in (1, 2)
+    ]
+    assert rows[-1]["structures"] == rows[-2]["structures"]
+    assert f"the final model is {learned / 'final' / 'model.pt'}" in result.stdout
+    assert "energy_ensemble" in exported_outputs(learned / "final" / "model.pt")
     assert (learned / "learning.png").stat().st_size > 0
     total = sum(int(row["added"]) for row in rows)
     assert len(ase.io.read(learned / "dataset.xyz", ":")) == total
@@ -134,8 +147,11 @@ def test_rounds_grow_the_dataset_and_continue(start, tmp_path):
     stamps = {path: path.stat().st_mtime_ns for path in learned.glob("round_[12]/labelled/*.xyz")}
     more = run_mtt("learn", str(options), "--restart", "auto", "rounds=3", cwd=tmp_path)
     assert more.returncode == 0, more.stderr
-    assert [row["round"] for row in learning_rows(tmp_path)] == ["0", "1", "2", "3"]
+    assert [row["round"] for row in learning_rows(tmp_path)] == ["0", "1", "2", "3", "final"]
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
+    # the final model of two rounds would be stale: trained anew, on the third round's structures too
+    assert "round_3/labelled.xyz" in (learned / "final" / "options.yaml").read_text()
+    assert "--restart" not in (learned / "final" / "train.log").read_text()
 
 
 def test_auto_max_uncertainty_follows_a_model_unsure_everywhere(start, tmp_path):

@@ -2,7 +2,8 @@
 
 learn options -> training options -> start data -> round 0 (the starting model) -> rounds
 of explore (MD with the model) -> select (the most uncertain frames, diverse) -> label
-(the reference method) -> train (`mtt train`, fine-tuned on the grown set) -> test errors.
+(the reference method) -> train (`mtt train`, fine-tuned on the grown set) -> test errors;
+after the last round, a final training from scratch on the whole dataset.
 Every stage writes its files whole and is recorded as done, so ``--restart auto``
 continues an interrupted run at the stage it stopped in, labelling nothing twice.
 """
@@ -13,6 +14,7 @@ import csv
 import errno
 import io
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +42,7 @@ from ..schema import to_plain
 class RoundRow:
     """One row of learning.csv, and of the table printed as the rounds finish."""
 
-    round: int
+    round: int | str  # "final" for the final training
     structures: int  # labelled structures the round's model was trained on
     added: int
     frames: int  # MD frames considered
@@ -58,7 +60,7 @@ class RoundRow:
 
 
 COLUMNS = [
-    ("round", "round", "{:d}"),
+    ("round", "round", "{}"),
     ("structures", "structures", "{:d}"),
     ("added", "added", "{:d}"),
     ("above_threshold", "above thr.", "{}"),
@@ -78,6 +80,9 @@ COLUMNS = [
 #: over the selection threshold (the larger of the two)
 AUTO_MAX_OVER_STARTS = 3.0
 AUTO_MAX_OVER_THRESHOLD = 5.0
+
+#: the round name and folder of the final training
+FINAL = "final"
 
 
 @dataclass
@@ -142,11 +147,14 @@ def learn(path: str, overrides: list[str], restart: str | None) -> None:
             f"the disk is full ({error.filename or folder}).",
             hint=f"Free some space, then continue with `mtt learn {path} --restart auto`: nothing labelled is lost.",
         ) from error
-    best = folder / f"round_{rows[-1].round}" / "model.pt"
+    final = rows[-1].round == FINAL
+    rounds = rows[-2].round if final else rows[-1].round
+    best = folder / (FINAL if final else f"round_{rounds}") / "model.pt"
     LOGGER.info(
-        "%d structures labelled in %d rounds; the last model is %s, the dataset %s",
+        "%d structures labelled in %d rounds; the %s model is %s, the dataset %s",
         rows[-1].structures - start.count,
-        rows[-1].round,
+        rounds,
+        "final" if final else "last round's",
         best,
         folder / "dataset.xyz",
     )
@@ -179,6 +187,10 @@ def _run_rounds(
                 threshold,
             )
             break
+    final = _final_training(learn, start, learned, test, rows[-1])
+    if final is not None:
+        rows.append(final)
+        _print_row(final)
     _write_results(folder, rows, test is not None)
     frames = [a for block in learned for a in ase.io.read(block["systems"]["read_from"], ":")]
     write_whole(folder / "dataset.xyz", lambda p: ase.io.write(p, frames, format="extxyz"))
@@ -332,6 +344,36 @@ def _round(
     return row, labelled_file
 
 
+def _final_training(
+    learn: LearnOptions, start: StartData, learned: list[dict], test: list[ase.Atoms] | None, last: RoundRow
+) -> RoundRow | None:
+    """A model trained from scratch on the whole dataset with the starting options: a
+    fine-tuned round keeps only part of what its new structures are worth, and a few
+    epochs a round cannot make up for the full training a production model gets."""
+    if learn.train.final == "none" or learn.train.mode == "retrain" or not learned:
+        return None
+    folder = Path(learn.folder) / FINAL
+    planned = {"after_round": last.round, "structures": last.structures}
+    if folder.exists() and RoundState(folder).stages.get("planned") != planned:
+        shutil.rmtree(folder)  # trained (or begun) on the dataset of fewer rounds: it would be stale
+    folder.mkdir(parents=True, exist_ok=True)
+    state = RoundState(folder)
+    if not state.done("planned"):
+        state.finish("planned", planned)
+    if not state.done("train"):
+        LOGGER.info("final training: from scratch on all %d structures, with the starting options", last.structures)
+        started = time.monotonic()
+        checkpoint, model_file = train_round(
+            folder, round_options(start.raw, learned, None), [], learn.train.launcher, "the final training"
+        )
+        state.finish(
+            "train", {"checkpoint": str(checkpoint), "model": str(model_file), "seconds": time.monotonic() - started}
+        )
+    errors = _test_errors(UncertainForces(state.stages["train"]["checkpoint"]), test)
+    seconds = state.stages["train"]["seconds"]
+    return RoundRow(FINAL, last.structures, 0, 0, "-", "-", 0, math.nan, *errors, 0, 0, 0, seconds)
+
+
 def _max_uncertainty(
     learn: LearnOptions, model: UncertainForces, starts: list[ase.Atoms], threshold: float, number: int
 ) -> float:
@@ -475,11 +517,23 @@ def _plot(path: Path, rows: list[RoundRow], tested: bool) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    final = [row for row in rows if row.round == FINAL]
+    rows = [row for row in rows if row.round != FINAL]
     sizes = [row.structures for row in rows]
     figure, axes = plt.subplots(figsize=(5.5, 4), layout="constrained")
     if tested:
-        axes.plot(sizes, [r.test_force_rmse for r in rows], marker="o", label="test force RMSE")
+        lines = axes.plot(sizes, [r.test_force_rmse for r in rows], marker="o", label="test force RMSE")
         axes.plot(sizes, [r.test_force_uncertainty for r in rows], marker="s", label="test force uncertainty")
+        for row in final:
+            axes.plot(
+                [row.structures],
+                [row.test_force_rmse],
+                marker="*",
+                markersize=12,
+                linestyle="",
+                color=lines[0].get_color(),
+                label="test force RMSE, final training",
+            )
     axes.plot(sizes[1:], [r.md_uncertainty for r in rows[1:]], marker="^", label="median MD force uncertainty")
     axes.set_xlabel("labelled structures")
     axes.set_ylabel("eV/Å")

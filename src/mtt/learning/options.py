@@ -70,6 +70,12 @@ class TrainOptions:
         "finetune",
         "finetune: each round starts from the previous round's best model; retrain: from scratch.",
     )
+    final: Literal["retrain", "none"] = option(
+        "retrain",
+        "With mode finetune, after the last round: retrain trains a model from scratch on the whole dataset with "
+        "the starting options (learn/final/), which is the loop's result; the fine-tuned rounds only choose the "
+        "structures. none: the last round's model is the result. With mode retrain the last round already is.",
+    )
     overrides: list[str] = option(
         [], "Overrides (Hydra syntax) of the training options for the rounds after the first, e.g. num_epochs."
     )
