@@ -208,6 +208,29 @@ def test_interrupted_labelling_continues_without_labelling_twice(start, tmp_path
     assert int(learning_rows(tmp_path)[1]["added"]) == selected
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, whose writes fail with ENOSPC")
+def test_a_full_disk_stops_with_a_clear_error_and_continues_without_labelling_twice(start, tmp_path):
+    # the round's labels are written to a file of a full disk: the kernel's own ENOSPC
+    log = tmp_path / "calls.log"
+    options = learn_file(tmp_path, start, label=f"{{calculator: 'flaky_emt:FlakyEMT', parameters: {{log: {log}}}}}")
+    round_folder = tmp_path / "learn" / "round_1"
+    round_folder.mkdir(parents=True)
+    (round_folder / "labelled.xyz.tmp").symlink_to("/dev/full")
+    full = run_mtt("learn", str(options), cwd=tmp_path, env=ENVIRONMENT)
+    assert full.returncode != 0
+    assert "the disk is full" in full.stderr and "--restart auto" in full.stderr, full.stderr
+    assert "internal error" not in full.stderr
+    assert not (round_folder / "labelled.xyz").exists()
+    labelled = sorted(round_folder.glob("labelled/*.xyz"))
+    assert labelled and len(log.read_text().splitlines()) == len(labelled)
+
+    (round_folder / "labelled.xyz.tmp").unlink()  # space freed
+    more = run_mtt("learn", str(options), "--restart", "auto", cwd=tmp_path, env=ENVIRONMENT)
+    assert more.returncode == 0, more.stderr
+    assert len(log.read_text().splitlines()) == len(labelled)  # nothing labelled twice
+    assert len(ase.io.read(round_folder / "labelled.xyz", ":")) == int(learning_rows(tmp_path)[1]["added"])
+
+
 def test_failed_labels_are_skipped_and_counted(start, tmp_path):
     log = tmp_path / "calls.log"
     label = (
