@@ -16,14 +16,15 @@ copper: the same loop from 10 rattled, strained 32-atom fcc cells labelled with 
 forces and stress), MD at 1000 K. The held-out set is 200 frames of EMT's own Langevin MD
 (four runs from 500 to 1400 K, cells strained by -2 to +2 %), labelled with EMT.
 
-The control is a model trained from scratch on the starting structures and as many frames
-as the loop added, taken at random from the very MD runs of the loop (their
-candidates.xyz), labelled with the same reference the same way, with the starting model's
-training settings; and, to tell the data from the training, a model trained from scratch
-the same way on the loop's structures. Reports the held-out force and energy RMSE of the
-starting model, of the loop's last model, of the control and of the loop's data trained
-from scratch, their ratios, and the loop's time per stage (labelling included). Its files
-go to ``.bench/active_learning/<system>/``.
+The loop's result is its final model, trained from scratch on all its structures with the
+starting model's settings (``train.final: retrain``, the default; with ``--mode retrain``
+the last round's model). The control is a model trained the same way on the starting
+structures and as many frames as the loop added, taken at random from the very MD runs of
+the loop (their candidates.xyz), labelled with the same reference the same way. Reports
+the held-out force and energy RMSE of the starting model, of the last fine-tuned round, of
+the loop's result and of the control, their ratios, and the loop's time per stage
+(labelling and the final training included). Its files go to
+``.bench/active_learning/<system>/``.
 """
 
 from __future__ import annotations
@@ -210,9 +211,15 @@ def main() -> None:
     loop_seconds = time.monotonic() - started
 
     rows = list(csv.DictReader((loop / "learn" / "learning.csv").open()))
-    last = int(rows[-1]["round"])
-    added = sum(int(row["added"]) for row in rows)
-    stages = {stage: sum(float(row[f"{stage}_s"]) for row in rows) for stage in ("explore", "select", "label", "train")}
+    final = rows[-1]["round"] == "final"
+    rounds = [row for row in rows if row["round"] != "final"]
+    last = int(rounds[-1]["round"])
+    added = sum(int(row["added"]) for row in rounds)
+    stages = {
+        stage: sum(float(row[f"{stage}_s"]) for row in rounds) for stage in ("explore", "select", "label", "train")
+    }
+    if final:
+        stages["final training"] = float(rows[-1]["train_s"])
 
     # the control: as many frames, at random, from the same MD runs, labelled by the same reference
     candidates = [
@@ -220,30 +227,27 @@ def main() -> None:
     ]
     picked = np.random.default_rng(5).choice(len(candidates), added, replace=False)
     chosen = labelled([candidates[i] for i in picked], system.reference(), system.stress)
-    learned = ase.io.read(loop / "learn" / "dataset.xyz", ":")
-    for name, frames in (("control", chosen), ("retrained", learned)):
-        folder = fresh(work / name)
-        ase.io.write(folder / "train.xyz", system.start + frames, format="extxyz")
-        (folder / "options.yaml").write_text(OPTIONS.format(epochs=args.epochs, train="train.xyz", stress=stress))
-        subprocess.run([sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=folder, check=True)
-    control = work / "control"
+    control = fresh(work / "control")
+    ase.io.write(control / "train.xyz", system.start + chosen, format="extxyz")
+    (control / "options.yaml").write_text(OPTIONS.format(epochs=args.epochs, train="train.xyz", stress=stress))
+    subprocess.run([sys.executable, "-m", "mtt", "train", "options.yaml"], cwd=control, check=True)
 
     start_count = len(system.start)
     results = {
         f"starting model ({start_count} structures)": held_out_errors(
             last_checkpoint(loop / "learn" / "round_0"), system.held_out
         ),
-        f"mtt learn, {last} rounds ({start_count + added} structures)": held_out_errors(
+        f"mtt learn, round {last} ({args.mode})": held_out_errors(
             last_checkpoint(loop / "learn" / f"round_{last}"), system.held_out
+        ),
+        f"mtt learn's result: {'final training' if final else f'round {last}'} ({start_count + added} structures)": (
+            held_out_errors(last_checkpoint(loop / "learn" / ("final" if final else f"round_{last}")), system.held_out)
         ),
         f"control: {added} random MD frames ({start_count + added} structures)": held_out_errors(
             last_checkpoint(control), system.held_out
         ),
-        f"the loop's {start_count + added} structures, trained as the control": held_out_errors(
-            last_checkpoint(work / "retrained"), system.held_out
-        ),
     }
-    (start_f, start_e), (learn_f, learn_e), (control_f, control_e), (data_f, data_e) = results.values()
+    (start_f, start_e), (round_f, round_e), (learn_f, learn_e), (control_f, control_e) = results.values()
     print(f"\n{args.system}, held-out: {len(system.held_out)} structures\n")
     print(
         markdown_table(
@@ -255,14 +259,14 @@ def main() -> None:
     print(
         f"\nforce RMSE ratios: mtt learn / starting model {learn_f / start_f:.2f} (goal <= 0.5), "
         f"mtt learn / control {learn_f / control_f:.2f} (goal <= 0.8); energy: {learn_e / start_e:.2f} and "
-        f"{learn_e / control_e:.2f}; the loop's data trained as the control / control: forces "
-        f"{data_f / control_f:.2f}, energy {data_e / control_e:.2f}\n"
+        f"{learn_e / control_e:.2f}; round {last} / control: forces {round_f / control_f:.2f}, "
+        f"energy {round_e / control_e:.2f}\n"
     )
     print(
         markdown_table(
             ["stage", "seconds"],
             [(stage, f"{seconds:.0f}") for stage, seconds in stages.items()]
-            + [("whole loop (round 0 and start-up included)", f"{loop_seconds:.0f}")],
+            + [("whole loop (round 0, final training and start-up included)", f"{loop_seconds:.0f}")],
             "lr",
         )
     )
