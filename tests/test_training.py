@@ -183,10 +183,12 @@ validation_set: 0.1
     assert "nan" not in test_line
 
 
-def test_kept_features_change_no_number(tmp_path, emt_file):
-    """Energy-only training keeps SOAP features; with no budget, or a too small one, the
+@pytest.mark.parametrize("derivatives", ["forces: off, stress: off", "forces: on, stress: on"])
+def test_kept_features_change_no_number(tmp_path, emt_file, derivatives):
+    """Training keeps SOAP features (and with forces or stress, what their derivatives
+    need); with no budget, or a too small one (batches of kept structures and others), the
     numbers are the same, and a full budget is said in the log."""
-    text = emt_options(emt_file, 3).replace("forces: on, stress: on", "forces: off, stress: off")
+    text = emt_options(emt_file, 3).replace("forces: on, stress: on", derivatives)
     metrics = {}
     for budget in ("1024", "0", "0.3"):  # 0.3 MB keeps a few structures: mixed batches
         folder = tmp_path / f"budget-{budget}"

@@ -9,7 +9,11 @@ concatenated structure by structure).
 The same budget holds the structures of sets streamed from disk (with their neighbour
 lists), so that they are read once rather than at every epoch. A structure takes precedence
 over precomputed data: it is many times smaller, and saves its reading and neighbour list
-at every epoch, where precomputed data serves only batches whose structures all have it.
+at every epoch, where precomputed data saves only its own structure's share of a step.
+
+Once the budget is spent, a batch with some structures kept gets the data of the others
+computed for that step alone: a shuffled batch is seldom kept whole, and what is kept
+then still saves its share instead of none.
 """
 
 from __future__ import annotations
@@ -55,8 +59,7 @@ class PrecomputedInputs:
         key = structure.key if structure.key is not None else id(structure)
         data = self.kept.get(key)
         if data is None and not self.full:
-            with torch.no_grad():
-                data = self.model.precompute(self.batch_of(structure), self.derivatives)
+            data = self._compute(structure)
             if not data:  # the architecture keeps nothing: not asked again, no entry per structure
                 self.full = True
                 return None
@@ -68,12 +71,16 @@ class PrecomputedInputs:
             self.kept[key] = data
         return data
 
+    def _compute(self, structure: Structure) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            return self.model.precompute(self.batch_of(structure), self.derivatives)
+
     def _report_full(self) -> None:
         if not self.full:
             self.full = True
             LOGGER.info(
-                "the cache of precomputed inputs is full (%.1f MB, %d structures): other structures "
-                "are computed at every step; raise architecture.training.cache_memory_mb to keep more",
+                "the cache of precomputed inputs is full (%.1f MB, %d structures): the others' are "
+                "computed at every step; raise architecture.training.cache_memory_mb to keep more",
                 self.used / 1024**2,
                 len(self.kept),
             )
@@ -92,12 +99,11 @@ class PrecomputedInputs:
         return True
 
     def keep(self, structures: list[Structure], batch: FlatBatch) -> None:
-        """Give ``batch`` the kept data of its structures, when every one of them has it."""
-        data = []
-        for structure in structures:
-            rows = self._data(structure)
-            if not rows:
-                return
-            data.append(rows)
-        for name in data[0] if data else []:
+        """Give ``batch`` the kept data of its structures, when one of them has it; the
+        others' is computed for this step."""
+        kept = [self._data(structure) for structure in structures]
+        if not any(kept):
+            return
+        data = [rows if rows else self._compute(structure) for structure, rows in zip(structures, kept)]
+        for name in data[0]:
             batch.data[name] = torch.cat([rows[name] for rows in data])
