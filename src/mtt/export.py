@@ -71,14 +71,16 @@ def atomistic_model(
             description=target.description or f"{target.name}, trained with mtt",
         )
     members = model.uncertainty.ensemble.shape[2]
+    trained = getattr(model, "shallow_ensemble", None) is not None
+    origin = "trained with the model (a shallow ensemble)" if trained else "sampled from their posterior"
     for i, (target, output) in enumerate(zip(info.targets.values(), model.output_names)):
         if float(model.uncertainty.factors[model.output_starts[i]]) <= 0:  # not fitted and calibrated
             continue
         declared = {
             model.uncertainty_names[i]: f"standard deviation of {output} (last-layer posterior, calibrated on "
             "the validation set); per atom: the atom's local uncertainty, per structure: the structure's",
-            model.ensemble_names[i]: f"{members} members of {output} with last-layer weights sampled from their "
-            "posterior; the spread of their forces is the force uncertainty",
+            model.ensemble_names[i]: f"{members} members of {output} with last-layer weights {origin}; the "
+            "spread of their forces is the force uncertainty",
         }
         for name, description in declared.items():
             if name and (members > 0 or name == model.uncertainty_names[i]):

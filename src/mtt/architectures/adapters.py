@@ -17,6 +17,8 @@ import math
 import torch
 from torch.nn.utils import parametrize
 
+from .base import ShallowEnsemble
+
 
 class LowRankUpdate(torch.nn.Module):
     """W + (alpha / rank) A B over the last two axes of W."""
@@ -48,7 +50,7 @@ def add_adapters(model: torch.nn.Module, rank: int, alpha: float) -> int:
         (module, name)
         for module in list(model.modules())
         for name, parameter in list(module.named_parameters(recurse=False))
-        if parameter.dim() >= 2 and id(parameter) not in heads
+        if parameter.dim() >= 2 and id(parameter) not in heads and not isinstance(module, ShallowEnsemble)
     ]
     for module, name in chosen:
         parametrize.register_parametrization(module, name, LowRankUpdate(getattr(module, name), rank, alpha))
@@ -66,7 +68,9 @@ def choose_trained(model: torch.nn.Module, method: str) -> tuple[int, int]:
     total = trained = 0
     for name, parameter in model.named_parameters():
         adapter = ".parametrizations." in name and not name.endswith(".original")
-        chosen = method == "full" or id(parameter) in heads or (method == "lora" and adapter)
+        # a shallow ensemble's members are heads too, whatever the architecture says of its own
+        member = name.startswith("shallow_ensemble.")
+        chosen = method == "full" or id(parameter) in heads or member or (method == "lora" and adapter)
         parameter.requires_grad_(chosen)
         trained += parameter.numel() if chosen else 0
         total += 0 if adapter else parameter.numel()

@@ -134,6 +134,28 @@ class LastLayerUncertainty(torch.nn.Module):
         return factor.to(torch.float64) * torch.sqrt(variances.clamp(min=0.0))
 
 
+class ShallowEnsemble(torch.nn.Module):
+    """Last-layer members trained with the model (a shallow ensemble: Kellner and Ceriotti,
+    arXiv 2402.16621): ``deviations[column]`` (features, members) are each member's
+    last-layer weights minus the architecture's own head, centred over the members so that
+    the ensemble's mean is the head and the model's own predictions are unchanged. Attached
+    by the framework when ``training.shallow_ensemble`` asks for it; after training the
+    fit of :mod:`mtt.training.uncertainty` copies them, calibrated, into the exported
+    ``energy_ensemble``."""
+
+    def __init__(self, n_columns: int, n_features: int, members: int):
+        super().__init__()
+        # as spread as the last layer's own weights starts, a tenth of it: the likelihood
+        # needs distinct members to begin with, and shrinks or widens them from there
+        start = torch.randn(n_columns, n_features, members) * (0.1 / max(1, n_features) ** 0.5)
+        self.deviations = torch.nn.Parameter(start)
+
+    def forward(self, features: torch.Tensor, column: int) -> torch.Tensor:
+        """Every member's deviation from output ``column`` for rows of features, (rows, members)."""
+        deviations = self.deviations[column]
+        return features @ (deviations - deviations.mean(1, keepdim=True))
+
+
 class Model(torch.nn.Module):
     """Base class of the models of all architectures."""
 
@@ -178,6 +200,14 @@ class Model(torch.nn.Module):
         ]
         self.uncertainty = LastLayerUncertainty(0, self.n_columns)
         self._xyz = Labels("xyz", torch.tensor([[0], [1], [2]]))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        # a model trained with a shallow ensemble keeps its members, whatever it is rebuilt for
+        # (a restart, fine-tuning, mtt calibrate or export)
+        trained = state_dict.get(prefix + "shallow_ensemble.deviations")
+        if trained is not None and not hasattr(self, "shallow_ensemble"):
+            self.shallow_ensemble = ShallowEnsemble(*trained.shape).to(trained.dtype)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @torch.jit.unused
     def offer_last_layer_features(self, n_features: int) -> None:
@@ -272,6 +302,11 @@ class Model(torch.nn.Module):
 
         theirs = old.state_dict()
         for name, mine in self.state_dict().items():
+            if name.startswith("shallow_ensemble."):  # the checkpoint's members, when it trained as many
+                if name in theirs and theirs[name].shape == mine.shape:
+                    with torch.no_grad():
+                        mine.copy_(theirs[name])
+                continue
             source = self.inherited_name(name, old)
             if source is None or name == "composition.type_to_index":  # new, or made from the elements
                 continue
@@ -310,7 +345,29 @@ class Model(torch.nn.Module):
     def outputs_of_batch(self, batch: FlatBatch) -> Dict[str, torch.Tensor]:
         """Each output of a batch, with the baseline: (structures, width) per structure, or
         (atoms, width) for per-atom targets."""
-        per_atom = self.composition(batch.types, self.per_atom_outputs(batch))
+        return self._outputs_of_raw(batch, self.per_atom_outputs(batch))
+
+    @torch.jit.unused
+    def outputs_and_members_of_batch(
+        self, batch: FlatBatch
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+        """:meth:`outputs_of_batch`, and for each energy output the deviations of the shallow
+        ensemble's members from it, (structures, members): a member's energy is the
+        output's plus its deviation. For a model with ``shallow_ensemble`` attached."""
+        raw, features = self.per_atom_outputs_and_features(batch)
+        outputs = self._outputs_of_raw(batch, raw)
+        summed = torch.zeros((batch.n_structures, features.shape[1]), dtype=features.dtype, device=features.device)
+        summed = summed.index_add(0, batch.structure, features)
+        deviations: Dict[str, torch.Tensor] = {}
+        for i, name in enumerate(self.output_names):
+            if self.uncertainty_names[i] != "":
+                column = self.output_starts[i]
+                scale = self.composition.scales[column].to(features.dtype)  # the head's output is scaled so
+                deviations[name] = self.shallow_ensemble(summed, column) * scale
+        return outputs, deviations
+
+    def _outputs_of_raw(self, batch: FlatBatch, raw: torch.Tensor) -> Dict[str, torch.Tensor]:
+        per_atom = self.composition(batch.types, raw)
         totals = torch.zeros((batch.n_structures, per_atom.shape[1]), dtype=per_atom.dtype, device=per_atom.device)
         totals = totals.index_add(0, batch.structure, per_atom)
         results: Dict[str, torch.Tensor] = {}

@@ -19,6 +19,7 @@ from ..config import ComposedOptions
 from ..data.dataset import DatasetInfo, Splits
 from ..schema import to_plain
 from ..training.composition import fit_baseline
+from ..training.shallow_ensemble import attach_shallow_ensemble
 from ..training.state import RunIdentity, TrainingState
 from ..training.trainer import Trainer
 
@@ -58,7 +59,11 @@ class RunStart(ABC):
         self, architecture: architectures.Architecture, info: DatasetInfo, device: torch.device, dtype: torch.dtype
     ) -> torch.nn.Module:
         with architectures.blame_architecture(architecture):
-            return architecture.model_class(self.model_hypers, info).to(device=device, dtype=dtype)
+            model = architecture.model_class(self.model_hypers, info).to(device=device, dtype=dtype)
+        ensemble = self.options.trainer_hypers.shallow_ensemble
+        if ensemble is not None:
+            attach_shallow_ensemble(model, ensemble, architecture.name)
+        return model
 
     def initial_state(self, run: RunParts) -> TrainingState:
         """The state training starts from, the model's weights set on every rank, with what

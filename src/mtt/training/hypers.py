@@ -45,6 +45,29 @@ class FinalStageHypers:
 
 
 @dataclass
+class ShallowEnsembleHypers:
+    """Last-layer members trained with the model, by a likelihood of their spread."""
+
+    members: int = option(8, "Members of the ensemble (at least 2), exported as energy_ensemble.")
+    loss: Literal["nll", "crps"] = option(
+        "nll",
+        "How the members' spread is scored against each structure's energy error: the Gaussian negative "
+        "log-likelihood (nll) or the continuous ranked probability score of a Gaussian (crps, less "
+        "sensitive to outliers).",
+    )
+    weight: float = option(1.0, "Weight of that term beside the usual loss terms.")
+
+    def __post_init__(self):
+        problems = []
+        if self.members < 2:
+            problems.append(f"members must be >= 2 (a spread needs two members), got {self.members!r}")
+        if not self.weight > 0:
+            problems.append(f"weight must be > 0, got {self.weight!r}")
+        if problems:
+            raise ValueError("\n".join(problems))
+
+
+@dataclass
 class FinetuneHypers:
     """Start from a trained model instead of random weights."""
 
@@ -147,6 +170,15 @@ class TrainerHypers:
         "energy_ensemble: its members' forces give the force uncertainty (calibrated on the validation "
         "forces when the run trains forces). Each member costs a backward pass where forces are asked.",
     )
+    shallow_ensemble: Optional[ShallowEnsembleHypers] = option(
+        None,
+        "Train a shallow ensemble with the model: {members, loss: nll | crps, weight}. The members are "
+        "last-layer heads on the model's trunk, centred on its own head, trained by a likelihood term "
+        "beside the usual loss; after training they are the exported energy_ensemble (instead of members "
+        "sampled from the last-layer posterior, and uncertainty_ensemble_size is then unused), their spread "
+        "calibrated on the validation set. An ensemble without N trainings, at the cost of the term's few "
+        "products per step. null: none. Needs uncertainty null or true.",
+    )
     checkpoint_interval: int = option(25, "Write a checkpoint every this many epochs.")
     log_interval: int = option(1, "Print a progress line every this many epochs (files only).")
     log_mae: bool = option(False, "Print MAEs beside RMSEs in the progress lines.")
@@ -238,6 +270,11 @@ class TrainerHypers:
         ):
             if not ok:
                 problems.append(f"{name} must be {rule}, got {value!r}")
+        if self.shallow_ensemble is not None and self.uncertainty is False:
+            problems.append(
+                "shallow_ensemble needs the uncertainty, whose ensemble its members become: set "
+                "architecture.training.uncertainty to null or true, or remove shallow_ensemble"
+            )
         plateau_options = self.scheduler_patience is not None or self.scheduler_factor is not None
         if plateau_options and self.lr_schedule == "constant":
             problems.append(

@@ -6,7 +6,7 @@ same way metatomic engines compute them from an exported model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,12 +22,17 @@ class Predictions:
     values: dict[str, torch.Tensor]  # (structures, width), or (atoms, width) for per-atom targets
     forces: dict[str, torch.Tensor]
     stress: dict[str, torch.Tensor]
+    #: a model with a shallow ensemble: its members' deviations from each energy, (structures, members)
+    members: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def predict(model: Any, batch: Batch, info: DatasetInfo, create_graph: bool) -> Predictions:
     """Run ``model`` (an architecture's model, or :class:`mtt.inference.EvaluatedModel`) on
     a batch; ``create_graph`` keeps derivatives differentiable (training)."""
-    if batch.flat is not None:
+    members = {}
+    if batch.flat is not None and getattr(model, "shallow_ensemble", None) is not None:
+        outputs, members = model.outputs_and_members_of_batch(batch.flat)
+    elif batch.flat is not None:
         outputs = model.outputs_of_batch(batch.flat)
     else:
         requested = {
@@ -57,4 +62,5 @@ def predict(model: Any, batch: Batch, info: DatasetInfo, create_graph: bool) -> 
         if target.stress:
             strains = [g.reshape(-1, 3, 3) for g in grads[len(batch.positions) :]]
             stress[target.name] = torch.cat(strains) / batch.volumes[:, None, None]
-    return Predictions(values, forces, stress)
+    by_target = {t.name: members[output_name(t.name)] for t in info.targets.values() if output_name(t.name) in members}
+    return Predictions(values, forces, stress, by_target)

@@ -31,6 +31,7 @@ from .loss import Loss, Metrics, term_shares, terms_of
 from .optimizer import FusedAdam, LearningRateSchedule
 from .plateau import PlateauSchedule
 from .predictions import predict
+from .shallow_ensemble import EnsembleLossTerm
 from .state import TrainingState
 from .stopping import StopRequested, StopSignals
 
@@ -121,6 +122,8 @@ class Trainer:
         self.seed = seed
         self.terms = terms_of(info)
         self.precomputed: PrecomputedInputs | None = None
+        #: the shallow ensemble's term of the loss, beside ``Loss``'s (made by :meth:`fit`)
+        self.ensemble_term: EnsembleLossTerm | None = None
         self.loaders: dict[int, BatchLoader] = {}
         self._train_set = 0  # id of the training set
         self.training_seconds = 0.0  # in the training steps, waiting for data included
@@ -300,7 +303,9 @@ class Trainer:
         with blame_architecture(self.architecture):
             predictions = predict(model, batch, self.info, create_graph=optimizer is not None)
         terms = loss.per_term(predictions, batch)
-        value = sum(terms.values())
+        # keyed by the label of the energy's own term, whose distributed share it takes
+        ensemble = self.ensemble_term.per_term(predictions, batch) if self.ensemble_term is not None else {}
+        value = sum(terms.values()) + sum(ensemble.values())
         if not torch.isfinite(value):
             raise TrainingDiverged(
                 f"the loss became {float(value)} at epoch {epoch}.",
@@ -312,7 +317,9 @@ class Trainer:
             shares = term_shares(self.terms, mine, indices, n_atoms, presence, environment.world_size)
             # gradients of the weights only: the positions and strains are leaves too, and
             # their second derivatives would cost a quarter of the step for nothing
-            sum(terms[label] * share for label, share in shares.items()).backward(inputs=parameters)
+            weighted = [terms[label] * share for label, share in shares.items()]
+            weighted += [ensemble[label] * shares[label] for label in ensemble]
+            sum(weighted).backward(inputs=parameters)
             environment.average_gradients(parameters)
             if self.hypers.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(parameters, self.hypers.max_grad_norm)
@@ -365,6 +372,8 @@ class Trainer:
             state.spreads,
             "architecture.training.final_stage",
         )
+        if hypers.shallow_ensemble is not None:
+            self.ensemble_term = EnsembleLossTerm(hypers.shallow_ensemble, self.terms, state.spreads)
         stage_start = hypers.final_stage_start()
         parameters = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.make_optimizer(model) if parameters else None

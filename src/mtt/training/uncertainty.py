@@ -16,7 +16,9 @@ of the energy unconstrained where sums over a structure's atoms hardly vary).
 The ensemble is sampled from that posterior: last-layer weight deviations ``A @ z`` with
 ``A = (C + r I)^-1/2`` and ``z`` standard normal, the same on every rank (seeded).
 Its spread is scaled, by the same likelihood, to the validation forces' errors when the
-run has forces (what an MD needs), else to the energies' as the uncertainty is.
+run has forces (what an MD needs), else to the energies' as the uncertainty is. A model
+trained with a shallow ensemble has its trained members instead of sampled ones, their
+spread scaled the same way (on the energies, by the members' own variance).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..architectures import blame_architecture
 from ..data.structure_sets import StructureSet
 from ..errors import OptionsError
 from .hypers import TrainerHypers
+from .shallow_ensemble import has_shallow_ensemble, trained_directions
 from .state import TrainingState
 from .trainer import Trainer
 
@@ -50,6 +53,7 @@ class UncertaintyFit:
     nll: float  # per validation structure, summed over the energy outputs
     members: int = 0  # of the ensemble
     on_forces: bool = False  # whether the ensemble's spread was calibrated on forces
+    trained_members: bool = False  # a shallow ensemble's, rather than sampled from the posterior
 
     def describe(self) -> str:
         if not self.factors:
@@ -60,9 +64,14 @@ class UncertaintyFit:
             f"{', '.join(self.factors)} from {self.features} last-layer features, fitted in "
             f"{self.seconds:.1f} s on {self.structures} training structures{regularised}, calibrated "
             f"on the validation set (NLL {self.nll:.3g} per structure, regularisation "
-            f"{self.regularisation:g} of the mean eigenvalue); an ensemble of {self.members} "
-            f"sampled from it, its spread calibrated on the {spread}"
+            f"{self.regularisation:g} of the mean eigenvalue); {self.describe_ensemble()}, its spread "
+            f"calibrated on the {spread}"
         )
+
+    def describe_ensemble(self) -> str:
+        if self.trained_members:
+            return f"the ensemble: the shallow ensemble of {self.members} trained members"
+        return f"an ensemble of {self.members} sampled from it"
 
 
 def energy_columns(model: torch.nn.Module) -> dict[str, int]:
@@ -251,15 +260,22 @@ def fit_uncertainty(
     local_relative = REGULARISATIONS[local_best]
     relative = REGULARISATIONS[best]
     inverse = (vectors / (eigenvalues + relative * scale)) @ vectors.T
-    size = trainer.hypers.uncertainty_ensemble_size
-    generator = torch.Generator().manual_seed(trainer.seed)
-    normal = torch.randn((len(eigenvalues), size), generator=generator, dtype=torch.float64)
-    # the symmetric square root of the inverse: unlike the eigenvectors themselves, it does
-    # not depend on the basis eigh picks in a degenerate subspace, so every rank has the same
-    root = (vectors / torch.sqrt(eigenvalues + relative * scale)) @ vectors.T
-    directions = root @ normal  # unit-scale members
+    trained = has_shallow_ensemble(model)
+    if trained:  # the members trained with the model, in energy per feature
+        directions = [trained_directions(model, column) for column in columns.values()]
+        size = directions[0].shape[1]
+    else:
+        size = trainer.hypers.uncertainty_ensemble_size
+        generator = torch.Generator().manual_seed(trainer.seed)
+        normal = torch.randn((len(eigenvalues), size), generator=generator, dtype=torch.float64)
+        # the symmetric square root of the inverse: unlike the eigenvectors themselves, it does
+        # not depend on the basis eigh picks in a degenerate subspace, so every rank has the same
+        root = (vectors / torch.sqrt(eigenvalues + relative * scale)) @ vectors.T
+        directions = [root @ normal] * len(columns)  # unit-scale members, the same for every output
     force_sums = environment.all_reduce_sum(_force_spread_sums(trainer, model, validation, columns, directions))
     factors = best_factors or [0.0] * len(columns)
+    if trained:  # without forces, the spread that fits the energies is the members' own
+        energy_sums = environment.all_reduce_sum(_energy_spread_sums(rows, errors, present, directions))
     with torch.no_grad():
         model.uncertainty.inverse.copy_(inverse)
         model.uncertainty.factors.zero_()
@@ -273,8 +289,10 @@ def fit_uncertainty(
         for c, (column, factor) in enumerate(zip(columns.values(), factors)):
             model.uncertainty.factors[column] = factor
             ratio, n = force_sums[c].tolist()
+            if trained and not (n > 0 and ratio > 0):
+                ratio, n = energy_sums[c].tolist()
             spread = math.sqrt(ratio / n) if n > 0 and ratio > 0 and factor > 0 else factor
-            ensemble[column] = spread * directions
+            ensemble[column] = spread * directions[c]
         model.uncertainty.ensemble = ensemble.to(model.uncertainty.inverse.device)
     return UncertaintyFit(
         time.monotonic() - started,
@@ -285,6 +303,7 @@ def fit_uncertainty(
         best_nll if best_factors else math.nan,
         size,
         bool((force_sums[:, 1] > 0).any()),
+        trained,
     )
 
 
@@ -303,11 +322,12 @@ def _force_spread_sums(
     model: torch.nn.Module,
     structures: StructureSet,
     columns: dict[str, int],
-    directions: torch.Tensor,
+    directions: list[torch.Tensor],
 ) -> torch.Tensor:
     """This rank's part, per energy output, of the sum over the set's force components of
     error**2 / (the unit-scale ensemble's variance), and their count: the ensemble's
-    spread that fits the force errors best (Gaussian likelihood) is ``sqrt(sum / count)``."""
+    spread that fits the force errors best (Gaussian likelihood) is ``sqrt(sum / count)``.
+    ``directions``: each output's members, (features, members)."""
     sums = torch.zeros((len(columns), 2), dtype=torch.float64)
     if not trainer.info.needs_forces:
         return sums
@@ -318,11 +338,11 @@ def _force_spread_sums(
         with blame_architecture(trainer.architecture):
             raw, features = model.per_atom_outputs_and_features(flat)
             per_atom = model.composition(flat.types, raw)
-            deviations = features.double() @ directions.to(features.device)  # (atoms, members)
             for c, (name, column) in enumerate(columns.items()):
                 reference = batch.forces.get(name.removeprefix("mtt::"))
                 if reference is None:
                     continue
+                deviations = features.double() @ directions[c].to(features.device)  # (atoms, members)
                 predicted = -torch.autograd.grad(per_atom[:, column].sum(), positions, retain_graph=True)[0]
                 # a structure's forces depend on its atoms alone: one sum over the batch will do
                 variance = member_gradients(deviations.sum(0, keepdim=True), [positions])[0].double().var(0)
@@ -333,6 +353,21 @@ def _force_spread_sums(
                 error = predicted.double() - reference.double()
                 sums[c, 0] += float((error[mask] ** 2 / variance[mask]).sum().cpu())
                 sums[c, 1] += float(mask.sum())
+    return sums
+
+
+def _energy_spread_sums(
+    rows: torch.Tensor, errors: torch.Tensor, present: torch.Tensor, directions: list[torch.Tensor]
+) -> torch.Tensor:
+    """This rank's part, per energy output, of the sum over the set's structures of
+    error**2 / (the unit-scale ensemble's variance of their energies), and their count:
+    :func:`_force_spread_sums` for the energies of a run without forces."""
+    sums = torch.zeros((len(directions), 2), dtype=torch.float64)
+    for c, members in enumerate(directions):
+        variance = (rows @ members).var(1)
+        mask = present[:, c] & (variance > 0)
+        sums[c, 0] = float((errors[mask, c] ** 2 / variance[mask]).sum())
+        sums[c, 1] = float(mask.sum())
     return sums
 
 
