@@ -348,9 +348,7 @@ class Model(torch.nn.Module):
         return self._outputs_of_raw(batch, self.per_atom_outputs(batch))
 
     @torch.jit.unused
-    def outputs_and_members_of_batch(
-        self, batch: FlatBatch
-    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+    def outputs_and_members_of_batch(self, batch: FlatBatch) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
         """:meth:`outputs_of_batch`, and for each energy output the deviations of the shallow
         ensemble's members from it, (structures, members): a member's energy is the
         output's plus its deviation. For a model with ``shallow_ensemble`` attached."""
