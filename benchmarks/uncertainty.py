@@ -1,7 +1,7 @@
 """How good and how costly mtt's last-layer uncertainties are, on the shared xTB ethanol.
 
     python benchmarks/uncertainty.py [--architectures soap_bpnn equivariant_mp] [--epochs 60]
-                                     [--repeats 3] [--steps 300]
+                                     [--repeats 3] [--steps 300] [--shallow nll crps] [--no-md]
 
 For each architecture: train on 300 random structures of ethanol_xtb_2000.xyz (50 more for
 validation, on which the uncertainty is calibrated), then ``mtt eval`` 300 held-out
@@ -11,7 +11,10 @@ uncertainty, the spread of the ensemble's forces), the rank correlation (Spearma
 error and predicted uncertainty, observed RMSE against predicted uncertainty in bins of
 30 held-out structures, and the ROC AUC of telling the rattled structures from the
 held-out ones by their uncertainty (``mtt eval`` prints the negative log-likelihood and
-miscalibration area beside them). Then the cost in ASE MD, in a fresh process each, the
+miscalibration area beside them). With ``--shallow``, each architecture is also trained with
+a shallow ensemble of 8 members for each loss given (``training.shallow_ensemble``), whose
+trained members are then the ensemble, to compare with the one sampled from the
+last-layer posterior. Then the cost in ASE MD, in a fresh process each, the
 cases alternating: steps/s of metatomic's calculator with ``uncertainty_threshold=None``
 (energy only), with its default (it requests the per-atom ``energy_uncertainty`` at every
 step when a model declares it), and of ``examples/ensemble_calculator.py`` (energy, forces
@@ -37,7 +40,7 @@ OPTIONS = """
 seed: 7
 architecture:
   name: {architecture}
-  training: {{num_epochs: {epochs}, batch_size: 10}}
+  training: {{num_epochs: {epochs}, batch_size: 10{extra}}}
 training_set:
   systems: train.xyz
   targets:
@@ -87,14 +90,16 @@ def write_sets(seed: int = 0, folder: Path = WORK) -> dict[str, Path]:
     return paths
 
 
-def train(architecture: str, epochs: int, paths: dict[str, Path]) -> tuple[Path, str]:
-    folder = WORK / architecture
+def train(architecture: str, epochs: int, paths: dict[str, Path], shallow: str | None = None) -> tuple[Path, str]:
+    """Train ``architecture``, with a shallow ensemble of that loss when ``shallow`` is given."""
+    folder = WORK / (architecture if shallow is None else f"{architecture}_shallow_{shallow}")
     if folder.exists():
         subprocess.run(["rm", "-rf", str(folder)], check=True)
     folder.mkdir()
     for name in ("train", "validation"):
         (folder / f"{name}.xyz").symlink_to(paths[name])
-    (folder / "options.yaml").write_text(OPTIONS.format(architecture=architecture, epochs=epochs))
+    extra = "" if shallow is None else f", shallow_ensemble: {{members: 8, loss: {shallow}}}"
+    (folder / "options.yaml").write_text(OPTIONS.format(architecture=architecture, epochs=epochs, extra=extra))
     subprocess.run(mtt_train(), cwd=folder, check=True, capture_output=True, text=True)
     log = (run_folder(folder) / "train.log").read_text().splitlines()
     fit = next(line for line in log if " INFO uncertainty: " in line)
@@ -159,14 +164,22 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3, help="MD runs per case")
     parser.add_argument("--steps", type=int, default=300, help="MD steps per run")
+    parser.add_argument(
+        "--shallow", nargs="*", default=[], choices=["nll", "crps"], help="also train shallow ensembles of these losses"
+    )
+    parser.add_argument("--no-md", action="store_true", help="skip the MD timings")
     args = parser.parse_args()
     paths = write_sets()
     quality, cost, calibration = [], [], []
     units = {"energy": ("meV", 1000.0), "forces": ("meV/Å", 1000.0)}
-    for architecture in args.architectures:
-        model, fit = train(architecture, args.epochs, paths)
-        held, errors, report = evaluate(model, paths["held_out"], WORK / architecture / "eval_held_out")
-        rattled = {a: evaluate(model, paths[f"rattled_{a}"], WORK / architecture / f"eval_{a}")[0] for a in (0.1, 0.2)}
+    cases = [(a, loss) for a in args.architectures for loss in [None, *args.shallow]]
+    for architecture, shallow in cases:
+        model, fit = train(architecture, args.epochs, paths, shallow)
+        case_folder = model.parent
+        if shallow is not None:
+            architecture = f"{architecture}, shallow {shallow}"
+        held, errors, report = evaluate(model, paths["held_out"], case_folder / "eval_held_out")
+        rattled = {a: evaluate(model, paths[f"rattled_{a}"], case_folder / f"eval_{a}")[0] for a in (0.1, 0.2)}
         for quantity, (unit, scale) in units.items():
             predicted, observed = held[quantity], errors[quantity]
             for sigma, rmse, count in calibration_bins(predicted, observed):
@@ -183,6 +196,8 @@ def main() -> None:
                 )
             )
         print(f"{architecture}: fit {fit}\n  mtt eval: {report}", flush=True)
+        if args.no_md:
+            continue
         extensions = str(model.parent / "extensions")
         cases = {
             "energy only": ("MetatomicCalculator", ", uncertainty_threshold=None"),
