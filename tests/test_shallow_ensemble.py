@@ -126,7 +126,8 @@ def test_two_ranks_train_the_members_of_one_process(tmp_path):
 
 def test_a_restart_continues_with_the_members(tmp_path):
     """Two epochs, then two more by --restart: the members of an uninterrupted run of four."""
-    training = f"{{batch_size: 8, num_epochs: 4, checkpoint_interval: 2, {SHALLOW}}}"
+    constant = "lr_schedule: constant, warmup_fraction: 0.0"  # the same rates whatever num_epochs
+    training = f"{{batch_size: 8, num_epochs: 4, checkpoint_interval: 2, {constant}, {SHALLOW}}}"
     straight = tmp_path / "straight"
     _train(straight, SMALL_SOAP, training)
     halves = tmp_path / "halves"
@@ -154,7 +155,7 @@ def test_finetuning_starts_from_the_members_or_samples_an_ensemble(tmp_path):
     (checkpoint,) = trained.glob("outputs/*/*/model.ckpt")
     # with the same members: they continue from the checkpoint's (a zero learning rate keeps them)
     keeps = tmp_path / "keeps"
-    training = f"{{batch_size: 8, num_epochs: 1, learning_rate: 1e-12, finetune: {checkpoint}, {SHALLOW}}}"
+    training = f"{{batch_size: 8, num_epochs: 1, learning_rate: 1.0e-12, finetune: {checkpoint}, {SHALLOW}}}"
     _train(keeps, SMALL_SOAP, training)
     before = torch.load(checkpoint, weights_only=True)["best_model_state"]["shallow_ensemble.deviations"]
     after = _checkpoint(keeps)["best_model_state"]["shallow_ensemble.deviations"]
