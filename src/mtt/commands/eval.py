@@ -24,7 +24,8 @@ from ..outputs.display import display
 from ..outputs.logs import LOGGER, setup_logging
 from ..training.loss import Metrics, Term, term_label, terms_of, with_reference
 from ..training.predictions import Predictions, predict
-from ..training.uncertainty import binned_calibration, calibration_figures, member_gradients
+from ..training.shallow_ensemble import member_gradients
+from ..training.uncertainty import binned_calibration, calibration_figures
 from .eval_sets import sets_to_evaluate
 
 

@@ -16,7 +16,7 @@ from ..data.batching import compute_neighbor_lists, make_batch
 from ..data.readers import Structure
 from ..errors import CheckpointError, DataError
 from ..inference import load_trained_model
-from ..training.uncertainty import member_gradients
+from ..training.shallow_ensemble import member_gradients
 
 
 @dataclass

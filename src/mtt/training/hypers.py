@@ -56,6 +56,12 @@ class ShallowEnsembleHypers:
         "sensitive to outliers).",
     )
     weight: float = option(1.0, "Weight of that term beside the usual loss terms.")
+    forces: bool = option(
+        True,
+        "Also score the spread of the members' forces against each force component's error, when the run "
+        "trains forces: what makes it a force uncertainty (trained on energies alone, it barely ranks the "
+        "force errors). Costs about two backward passes of the model per member and step.",
+    )
 
     def __post_init__(self):
         problems = []

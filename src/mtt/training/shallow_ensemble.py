@@ -5,10 +5,16 @@ Each member is the architecture's own last layer plus a trainable deviation ``D_
 (:class:`mtt.architectures.base.ShallowEnsemble`), centred over the members: the mean of
 the members' energies ``E_m = E + f @ D_m`` is the model's energy, which the usual loss
 terms train as before. The extra term scores the members' spread against each
-structure's error, by the Gaussian negative log-likelihood or the continuous ranked
-probability score (Kellner and Ceriotti, arXiv 2402.16621). Like every other term it is a
-mean over the structures that have the reference, so that it takes the same distributed
-share as the energy's own term and N ranks train what one process trains.
+structure's error, and that of their forces ``-dE_m/dx`` against each force component's
+error, by the Gaussian negative log-likelihood or the continuous ranked probability score
+(Kellner and Ceriotti, arXiv 2402.16621). It trains the members alone: through the trunk
+it would fit the spread by bending the features instead of the errors (on the xTB ethanol
+of ``benchmarks/uncertainty.py``, the forces' RMSE went from 67 to 390 meV/Å and more),
+and without the forces the members' force spread says little of the force errors (rank
+correlation 0.14 there). So the model's own weights are those of a run without it. Like
+every other term, each part is a mean over its elements (structures, force components)
+that takes the distributed share of the energy's or the forces' own term, so that N ranks
+train what one process trains.
 """
 
 from __future__ import annotations
@@ -75,33 +81,55 @@ def gaussian_crps(error: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
 
 
 class EnsembleLossTerm:
-    """The shallow ensemble's term of the loss, one per energy target with members, keyed
-    by the label of that target's own values term (whose distributed share it takes)."""
+    """The shallow ensemble's term of the loss: for every energy target with members, a part
+    for its values and one for its forces (when trained and ``forces`` is on), keyed by the
+    label of the target's own term of that kind, whose distributed share each takes."""
 
     #: variances below this (in units of the normalised error, squared) are raised to it:
     #: members that collapse onto one another would make the likelihood infinite
     FLOOR = 1e-12
 
     def __init__(self, hypers: ShallowEnsembleHypers, terms: list[Term], spreads: dict[str, float]):
-        self.terms = [t for t in terms if t.kind == "values"]
+        self.terms = [t for t in terms if t.kind == "values" or (t.kind == "forces" and hypers.forces)]
         self.weight = hypers.weight
         self.score = {"nll": gaussian_nll, "crps": gaussian_crps}[hypers.loss]
         self.spreads = spreads
 
     def per_term(self, predictions: Predictions, batch: Batch) -> dict[str, torch.Tensor]:
-        """Each energy target's weighted mean score over the structures that have its reference."""
+        """Each part's weighted mean score over the elements that have its reference."""
         values = {}
         for term in self.terms:
-            deviations = predictions.members.get(term.target)
-            if deviations is None:
+            members = predictions.members.get(term.target)
+            if members is None:
                 continue
             error = errors(term, predictions, batch) / self.spreads[term.label]
             if error.numel() == 0:  # no structure of the batch has it (variants)
                 values[term.label] = error.sum()
                 continue
-            if term.per_atom:  # normalised as the values term's errors are
-                deviations = deviations / batch.n_atoms[:, None].to(deviations.dtype)
+            if term.kind == "forces":
+                gradients = member_gradients(members, batch.positions, create_graph=True)
+                deviations = -torch.cat(gradients, 1).permute(1, 2, 0)  # (atoms, 3, members)
+            elif term.per_atom:  # normalised as the values term's errors are
+                deviations = members / batch.n_atoms[:, None].to(members.dtype)
+            else:
+                deviations = members
             deviations = with_reference(term, deviations, batch) / self.spreads[term.label]
-            variance = deviations.var(1).clamp(min=self.FLOOR)
-            values[term.label] = self.weight * self.score(error, variance).mean()
+            variance = deviations.reshape(error.numel(), -1).var(1).clamp(min=self.FLOOR)
+            values[term.label] = self.weight * self.score(error.detach(), variance).mean()
         return values
+
+
+def member_gradients(
+    members: torch.Tensor, inputs: list[torch.Tensor], create_graph: bool = False
+) -> list[torch.Tensor]:
+    """The gradient of each ensemble member's energies, ``members`` (structures, members),
+    summed over structures, against each of ``inputs``: (members, *input's shape) each.
+    One backward pass a member through the retained graph: on batches of structures this
+    is several times faster than one batched pass (``is_grads_batched``), whose batching
+    rules for the gathers and scatters of the models expand every member's cotangents.
+    ``create_graph``: differentiable, for a loss of the members' forces."""
+    columns = [
+        torch.autograd.grad(members[:, k].sum(), inputs, retain_graph=True, create_graph=create_graph)
+        for k in range(members.shape[1])
+    ]
+    return [torch.stack([column[i] for column in columns]) for i in range(len(inputs))]

@@ -317,9 +317,14 @@ class Trainer:
             shares = term_shares(self.terms, mine, indices, n_atoms, presence, environment.world_size)
             # gradients of the weights only: the positions and strains are leaves too, and
             # their second derivatives would cost a quarter of the step for nothing
-            weighted = [terms[label] * share for label, share in shares.items()]
-            weighted += [ensemble[label] * shares[label] for label in ensemble]
-            sum(weighted).backward(inputs=parameters)
+            weighted = sum(terms[label] * share for label, share in shares.items())
+            if ensemble:  # the ensemble's term trains its members alone (see .shallow_ensemble)
+                members = [p for p in model.shallow_ensemble.parameters() if p.requires_grad]
+                own = [p for p in parameters if all(p is not m for m in members)]
+                weighted.backward(inputs=own, retain_graph=True)
+                sum(ensemble[label] * shares[label] for label in ensemble).backward(inputs=members)
+            else:
+                weighted.backward(inputs=parameters)
             environment.average_gradients(parameters)
             if self.hypers.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(parameters, self.hypers.max_grad_norm)

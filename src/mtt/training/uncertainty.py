@@ -33,7 +33,7 @@ from ..architectures import blame_architecture
 from ..data.structure_sets import StructureSet
 from ..errors import OptionsError
 from .hypers import TrainerHypers
-from .shallow_ensemble import has_shallow_ensemble, trained_directions
+from .shallow_ensemble import has_shallow_ensemble, member_gradients, trained_directions
 from .state import TrainingState
 from .trainer import Trainer
 
@@ -305,16 +305,6 @@ def fit_uncertainty(
         bool((force_sums[:, 1] > 0).any()),
         trained,
     )
-
-
-def member_gradients(members: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The gradient of each ensemble member's energies, ``members`` (structures, members),
-    summed over structures, against each of ``inputs``: (members, *input's shape) each.
-    One backward pass a member through the retained graph: on batches of structures this
-    is several times faster than one batched pass (``is_grads_batched``), whose batching
-    rules for the gathers and scatters of the models expand every member's cotangents."""
-    columns = [torch.autograd.grad(members[:, k].sum(), inputs, retain_graph=True) for k in range(members.shape[1])]
-    return [torch.stack([column[i] for column in columns]) for i in range(len(inputs))]
 
 
 def _force_spread_sums(
