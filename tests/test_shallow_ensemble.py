@@ -93,6 +93,26 @@ def test_trained_members_are_the_exported_ensemble(tmp_path, architecture):
     torch.testing.assert_close(exported, factor * centred, rtol=1e-6, atol=1e-12)
 
 
+def test_the_members_leave_the_model_as_it_trains_without_them(tmp_path):
+    """The ensemble's term trains the members alone: every other weight, the errors of
+    every epoch with them, are those of the same run without a shallow ensemble."""
+    states, metrics = [], []
+    for name, extra in (("plain", ""), ("shallow", f", {SHALLOW}")):
+        folder = tmp_path / name
+        _train(folder, SMALL_SOAP, f"{{batch_size: 8, num_epochs: 2{extra}}}")
+        states.append(_checkpoint(folder)["model_state"])
+        (csv,) = folder.glob("outputs/*/*/metrics.csv")
+        metrics.append([line.split(",")[2:] for line in csv.read_text().splitlines()])  # past epoch and time
+    plain, shallow = states
+    assert {n for n in shallow if not n.startswith("shallow_ensemble.")} == set(plain)
+    for name, value in plain.items():  # to rounding: the features' pass orders some sums otherwise
+        if not name.startswith("uncertainty."):
+            torch.testing.assert_close(shallow[name], value, rtol=1e-9, atol=1e-12, msg=name)
+    assert metrics[0][0] == metrics[1][0]
+    for row_plain, row_shallow in zip(metrics[0][1:], metrics[1][1:]):
+        assert [float(v) for v in row_shallow] == pytest.approx([float(v) for v in row_plain], rel=1e-9)
+
+
 def test_crps_trains_members_too(tmp_path):
     _train(tmp_path, SMALL_SOAP, "{batch_size: 8, num_epochs: 2, shallow_ensemble: {members: 3, loss: crps}}")
     members = _ensemble(tmp_path / "model.pt")["atoms"]["energy_ensemble"]
