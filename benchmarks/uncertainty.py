@@ -1,7 +1,8 @@
 """How good and how costly mtt's last-layer uncertainties are, on the shared xTB ethanol.
 
     python benchmarks/uncertainty.py [--architectures soap_bpnn equivariant_mp] [--epochs 60]
-                                     [--repeats 3] [--steps 300] [--shallow nll crps] [--no-md]
+                                     [--repeats 3] [--steps 300] [--shallow nll crps]
+                                     [--members 8] [--no-md]
 
 For each architecture: train on 300 random structures of ethanol_xtb_2000.xyz (50 more for
 validation, on which the uncertainty is calibrated), then ``mtt eval`` 300 held-out
@@ -12,7 +13,7 @@ error and predicted uncertainty, observed RMSE against predicted uncertainty in 
 30 held-out structures, and the ROC AUC of telling the rattled structures from the
 held-out ones by their uncertainty (``mtt eval`` prints the negative log-likelihood and
 miscalibration area beside them). With ``--shallow``, each architecture is also trained with
-a shallow ensemble of 8 members for each loss given (``training.shallow_ensemble``), whose
+a shallow ensemble of ``--members`` members for each loss given (``training.shallow_ensemble``), whose
 trained members are then the ensemble, to compare with the one sampled from the
 last-layer posterior. Then the cost in ASE MD, in a fresh process each, the
 cases alternating: steps/s of metatomic's calculator with ``uncertainty_threshold=None``
@@ -90,7 +91,9 @@ def write_sets(seed: int = 0, folder: Path = WORK) -> dict[str, Path]:
     return paths
 
 
-def train(architecture: str, epochs: int, paths: dict[str, Path], shallow: str | None = None) -> tuple[Path, str]:
+def train(
+    architecture: str, epochs: int, paths: dict[str, Path], shallow: str | None = None, members: int = 8
+) -> tuple[Path, str]:
     """Train ``architecture``, with a shallow ensemble of that loss when ``shallow`` is given."""
     folder = WORK / (architecture if shallow is None else f"{architecture}_shallow_{shallow}")
     if folder.exists():
@@ -98,7 +101,7 @@ def train(architecture: str, epochs: int, paths: dict[str, Path], shallow: str |
     folder.mkdir()
     for name in ("train", "validation"):
         (folder / f"{name}.xyz").symlink_to(paths[name])
-    extra = "" if shallow is None else f", shallow_ensemble: {{members: 8, loss: {shallow}}}"
+    extra = "" if shallow is None else f", shallow_ensemble: {{members: {members}, loss: {shallow}}}"
     (folder / "options.yaml").write_text(OPTIONS.format(architecture=architecture, epochs=epochs, extra=extra))
     subprocess.run(mtt_train(), cwd=folder, check=True, capture_output=True, text=True)
     log = (run_folder(folder) / "train.log").read_text().splitlines()
@@ -167,6 +170,7 @@ def main() -> None:
     parser.add_argument(
         "--shallow", nargs="*", default=[], choices=["nll", "crps"], help="also train shallow ensembles of these losses"
     )
+    parser.add_argument("--members", type=int, default=8, help="members of the shallow ensembles")
     parser.add_argument("--no-md", action="store_true", help="skip the MD timings")
     args = parser.parse_args()
     paths = write_sets()
@@ -174,7 +178,7 @@ def main() -> None:
     units = {"energy": ("meV", 1000.0), "forces": ("meV/Å", 1000.0)}
     cases = [(a, loss) for a in args.architectures for loss in [None, *args.shallow]]
     for architecture, shallow in cases:
-        model, fit = train(architecture, args.epochs, paths, shallow)
+        model, fit = train(architecture, args.epochs, paths, shallow, args.members)
         case_folder = model.parent
         if shallow is not None:
             architecture = f"{architecture}, shallow {shallow}"
