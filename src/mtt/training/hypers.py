@@ -178,12 +178,12 @@ class TrainerHypers:
     )
     shallow_ensemble: Optional[ShallowEnsembleHypers] = option(
         None,
-        "Train a shallow ensemble with the model: {members, loss: nll | crps, weight}. The members are "
-        "last-layer heads on the model's trunk, centred on its own head, trained by a likelihood term "
-        "beside the usual loss; after training they are the exported energy_ensemble (instead of members "
-        "sampled from the last-layer posterior, and uncertainty_ensemble_size is then unused), their spread "
-        "calibrated on the validation set. An ensemble without N trainings, at the cost of the term's few "
-        "products per step. null: none. Needs uncertainty null or true.",
+        "Train a shallow ensemble with the model: {members, loss: nll | crps, weight, forces}. The members "
+        "are last-layer heads on the model's trunk, centred on its own head, trained alone by a likelihood "
+        "term of their spread against the energy (and force) errors beside the usual loss, which the model's "
+        "own weights keep; after training they are the exported energy_ensemble (instead of members sampled "
+        "from the last-layer posterior: uncertainty_ensemble_size is then unused), their spread calibrated "
+        "on the validation set. An ensemble without N trainings. null: none. Needs uncertainty null or true.",
     )
     checkpoint_interval: int = option(25, "Write a checkpoint every this many epochs.")
     log_interval: int = option(1, "Print a progress line every this many epochs (files only).")
