@@ -169,10 +169,19 @@ def test_a_restart_continues_with_the_members(tmp_path):
     )
 
 
-def test_finetuning_starts_from_the_members_or_samples_an_ensemble(tmp_path):
+def test_export_calibrate_and_finetuning_keep_the_members(tmp_path):
     trained = tmp_path / "trained"
     _train(trained, SMALL_SOAP, f"{{batch_size: 8, num_epochs: 2, {SHALLOW}}}")
     (checkpoint,) = trained.glob("outputs/*/*/model.ckpt")
+    members = _ensemble(trained / "model.pt")["atoms"]["energy_ensemble"]
+    # mtt export and mtt calibrate of the checkpoint: the same members, calibrated the same
+    for command in (["export", str(checkpoint)], ["calibrate", str(checkpoint), "options.yaml"]):
+        result = run_mtt(*command, "-o", str(tmp_path / "again.pt"), cwd=trained)
+        assert result.returncode == 0, result.stderr
+        again = _ensemble(tmp_path / "again.pt")
+        assert "a shallow ensemble" in again["description"]
+        assert again["atoms"]["energy_ensemble"] == pytest.approx(members, rel=1e-9)
+    assert "the shallow ensemble of 4 trained members" in " ".join(result.stdout.split())
     # with the same members: they continue from the checkpoint's (a zero learning rate keeps them)
     keeps = tmp_path / "keeps"
     training = f"{{batch_size: 8, num_epochs: 1, learning_rate: 1.0e-12, finetune: {checkpoint}, {SHALLOW}}}"
