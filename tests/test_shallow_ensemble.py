@@ -113,8 +113,10 @@ def test_the_members_leave_the_model_as_it_trains_without_them(tmp_path):
         assert [float(v) for v in row_shallow] == pytest.approx([float(v) for v in row_plain], rel=1e-9)
 
 
-def test_crps_trains_members_too(tmp_path):
-    _train(tmp_path, SMALL_SOAP, "{batch_size: 8, num_epochs: 2, shallow_ensemble: {members: 3, loss: crps}}")
+def test_the_likelihood_and_energies_alone_train_members_too(tmp_path):
+    """The other loss, and the term without the members' forces."""
+    training = "{batch_size: 8, num_epochs: 2, shallow_ensemble: {members: 3, loss: nll, forces: false}}"
+    _train(tmp_path, SMALL_SOAP, training)
     members = _ensemble(tmp_path / "model.pt")["atoms"]["energy_ensemble"]
     assert len(members) == 3 and len(set(members)) == 3
 

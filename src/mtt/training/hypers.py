@@ -50,10 +50,10 @@ class ShallowEnsembleHypers:
 
     members: int = option(8, "Members of the ensemble (at least 2), exported as energy_ensemble.")
     loss: Literal["nll", "crps"] = option(
-        "nll",
-        "How the members' spread is scored against each structure's energy error: the Gaussian negative "
-        "log-likelihood (nll) or the continuous ranked probability score of a Gaussian (crps, less "
-        "sensitive to outliers).",
+        "crps",
+        "How the members' spread is scored against the errors: the continuous ranked probability score of "
+        "a Gaussian (crps, less sensitive to outliers; it ranked and calibrated the force errors of the "
+        "Uncertainty page's benchmark better) or the Gaussian negative log-likelihood (nll).",
     )
     weight: float = option(1.0, "Weight of that term beside the usual loss terms.")
     forces: bool = option(
