@@ -2,7 +2,7 @@
 
     python benchmarks/uncertainty.py [--architectures soap_bpnn equivariant_mp] [--epochs 60]
                                      [--repeats 3] [--steps 300] [--shallow nll crps]
-                                     [--members 8] [--no-md]
+                                     [--members 8] [--seed 7] [--no-md]
 
 For each architecture: train on 300 random structures of ethanol_xtb_2000.xyz (50 more for
 validation, on which the uncertainty is calibrated), then ``mtt eval`` 300 held-out
@@ -38,7 +38,7 @@ XTB = DATA / "ethanol_xtb_2000.xyz"
 WORK = BENCH / "uncertainty"
 
 OPTIONS = """
-seed: 7
+seed: {seed}
 architecture:
   name: {architecture}
   training: {{num_epochs: {epochs}, batch_size: 10{extra}}}
@@ -92,7 +92,12 @@ def write_sets(seed: int = 0, folder: Path = WORK) -> dict[str, Path]:
 
 
 def train(
-    architecture: str, epochs: int, paths: dict[str, Path], shallow: str | None = None, members: int = 8
+    architecture: str,
+    epochs: int,
+    paths: dict[str, Path],
+    shallow: str | None = None,
+    members: int = 8,
+    seed: int = 7,
 ) -> tuple[Path, str]:
     """Train ``architecture``, with a shallow ensemble of that loss when ``shallow`` is given."""
     folder = WORK / (architecture if shallow is None else f"{architecture}_shallow_{shallow}")
@@ -102,7 +107,8 @@ def train(
     for name in ("train", "validation"):
         (folder / f"{name}.xyz").symlink_to(paths[name])
     extra = "" if shallow is None else f", shallow_ensemble: {{members: {members}, loss: {shallow}}}"
-    (folder / "options.yaml").write_text(OPTIONS.format(architecture=architecture, epochs=epochs, extra=extra))
+    options = OPTIONS.format(architecture=architecture, epochs=epochs, extra=extra, seed=seed)
+    (folder / "options.yaml").write_text(options)
     subprocess.run(mtt_train(), cwd=folder, check=True, capture_output=True, text=True)
     log = (run_folder(folder) / "train.log").read_text().splitlines()
     fit = next(line for line in log if " INFO uncertainty: " in line)
@@ -171,6 +177,7 @@ def main() -> None:
         "--shallow", nargs="*", default=[], choices=["nll", "crps"], help="also train shallow ensembles of these losses"
     )
     parser.add_argument("--members", type=int, default=8, help="members of the shallow ensembles")
+    parser.add_argument("--seed", type=int, default=7, help="the trainings' seed (the split stays)")
     parser.add_argument("--no-md", action="store_true", help="skip the MD timings")
     args = parser.parse_args()
     paths = write_sets()
@@ -178,7 +185,7 @@ def main() -> None:
     units = {"energy": ("meV", 1000.0), "forces": ("meV/Å", 1000.0)}
     cases = [(a, loss) for a in args.architectures for loss in [None, *args.shallow]]
     for architecture, shallow in cases:
-        model, fit = train(architecture, args.epochs, paths, shallow, args.members)
+        model, fit = train(architecture, args.epochs, paths, shallow, args.members, args.seed)
         case_folder = model.parent
         if shallow is not None:
             architecture = f"{architecture}, shallow {shallow}"
