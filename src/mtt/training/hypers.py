@@ -53,7 +53,7 @@ class ShallowEnsembleHypers:
         "crps",
         "How the members' spread is scored against the errors: the continuous ranked probability score of "
         "a Gaussian (crps, less sensitive to outliers; it ranked and calibrated the force errors of the "
-        "Uncertainty page's benchmark better) or the Gaussian negative log-likelihood (nll).",
+        "Uncertainty page's benchmark better than nll) or the Gaussian negative log-likelihood (nll).",
     )
     weight: float = option(1.0, "Weight of that term beside the usual loss terms.")
     forces: bool = option(
