@@ -368,6 +368,7 @@ class Trainer:
             self.info.needs_forces or self.info.needs_stress,
             hypers.cache_memory_mb,
             lambda structure: flat_batch_of(structure, self.dtype, self.device),
+            int(train.n_atoms.sum()),
         )
         # the final stage's loss made now too, so that a misnamed weight is reported before training
         first_loss = Loss(hypers.loss_hypers, self.terms, state.spreads)
