@@ -205,8 +205,9 @@ class TrainerHypers:
         "Memory, in MB per process, for what is kept between epochs: structures streamed from a "
         "converted dataset, once read (with their neighbour lists; they come first), and what the "
         "architecture computes once per structure (SOAP-BPNN: the descriptor, and with forces or stress "
-        "what its derivatives need, about 0.25 MB per ethanol molecule). Structures beyond it are read "
-        "or computed at every step, with the same results; 0 keeps nothing.",
+        "what its derivatives need, about 0.25 MB per ethanol molecule; kept only when the whole training "
+        "set's fits, since it serves only batches kept whole). Structures beyond it are read or computed at "
+        "every step, with the same results; 0 keeps nothing.",
     )
     num_workers: Optional[int] = option(
         None,
