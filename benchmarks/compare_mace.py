@@ -338,8 +338,11 @@ def _mtt_source_state() -> str:
     return tree.strip() + hashlib.sha256(diff.encode()).hexdigest()
 
 
-def mtt_options(files: dict[str, Path], seed: int, epochs: int, architecture: str, model: dict) -> str:
-    datasets = {part: MTT_DATASET.format(file=path) for part, path in files.items()}
+def mtt_options(
+    files: dict[str, Path], seed: int, epochs: int, architecture: str, model: dict, dataset: str | None = None
+) -> str:
+    """mtt's options.yaml for a run; ``dataset`` (default MTT_DATASET) is each split's block."""
+    datasets = {part: (dataset or MTT_DATASET).format(file=path) for part, path in files.items()}
     return MTT_OPTIONS.format(seed=seed, epochs=epochs, architecture=architecture, model=json.dumps(model), **datasets)
 
 
@@ -373,10 +376,15 @@ def _parameters(python: str, script: str, model: Path | str, folder: Path | None
 
 
 def _epoch_figures(times: list[float], n_train: int, wall: float) -> dict:
-    """Mean of epochs 2 to N (of the only one if N is 1), throughput and fixed cost."""
+    """Mean of epochs 2 to N (of the only one if N is 1), throughput, fixed cost and the whole run."""
     later = times[1:] or times
     per_epoch = statistics.fmean(later)
-    return {"s/epoch": per_epoch, "structures/s": n_train / per_epoch, "fixed s": wall - per_epoch * len(times)}
+    return {
+        "s/epoch": per_epoch,
+        "structures/s": n_train / per_epoch,
+        "fixed s": wall - per_epoch * len(times),
+        "wall s": wall,
+    }
 
 
 def train_mtt(files, seed, epochs, options: str, folder: Path, n_train: int) -> dict:
