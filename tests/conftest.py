@@ -82,14 +82,16 @@ def emt_options(
     targets: str = "energy: {key: energy, unit: eV}",
     seed: int | None = None,
     validation: float = 0.1,
+    precision: int | None = None,
 ) -> str:
     """Options that train on the shipped EMT data: ``architecture`` is the block's body (name,
     model), ``training`` the flow mapping of ``architecture.training``, ``targets`` the lines
-    of ``training_set.targets``."""
+    of ``training_set.targets``; ``precision`` the base_precision (default: the architecture's)."""
     body = "".join(f"  {line}\n" for line in architecture.splitlines())
     lines = "".join(f"    {line}\n" for line in targets.splitlines())
     return (
         (f"seed: {seed}\n" if seed is not None else "")
+        + (f"base_precision: {precision}\n" if precision is not None else "")
         + f"architecture:\n{body}  training: {training}\n"
         + f"training_set:\n  systems: {EMT_DATA}\n  targets:\n{lines}"
         + f"validation_set: {validation}\ntest_set: 0.1\n"

@@ -179,7 +179,7 @@ def test_several_problems_in_one_message(tmp_path, data_file):
         "unknown option 'seeed'. Did you mean 'seed'?",
         "'architecture.training.num_epochs'",
         "'architecture.training.learning_rate' must be float, got 'fast'",
-        "'base_precision' must be one of 32, 64, got 16",
+        "'base_precision' must be 32 | 64 | null, got 16",
         "'architecture.training.batch_size'",
         "unknown option 'training_set.targets.energy.units'. Did you mean 'training_set.targets.energy.unit'?",
         "missing required option 'validation_set.systems'",

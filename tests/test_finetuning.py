@@ -45,7 +45,11 @@ assert "mtt" not in sys.modules
 def options(architecture: str, training: str, data: str, targets: str = "", seed: int = 3) -> str:
     body = "".join(f"  {line}\n" for line in architecture.splitlines())
     block = f"training_set:\n  systems: {data}\n  targets:\n{targets}" if targets else f"training_set: {data}\n"
-    return f"seed: {seed}\narchitecture:\n{body}  training: {training}\n{block}validation_set: 0.15\ntest_set: 0.1\n"
+    # float64, as SOAP-BPNN's default: the finite differences of check_exported_forces need it
+    return (
+        f"seed: {seed}\nbase_precision: 64\narchitecture:\n{body}  training: {training}\n"
+        f"{block}validation_set: 0.15\ntest_set: 0.1\n"
+    )
 
 
 def train(folder: Path, *args: str) -> subprocess.CompletedProcess:

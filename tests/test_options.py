@@ -104,6 +104,15 @@ def test_null_turns_an_optional_group_off(tmp_path, data_file):
     assert compose(tmp_path, text, ("architecture.training.final_stage=null",)).trainer_hypers.final_stage is None
 
 
+def test_the_precision_is_the_architectures_unless_given(tmp_path, data_file):
+    equivariant = "training_set: data.xyz\narchitecture: {name: equivariant_mp}\n"
+    assert compose(tmp_path, equivariant).raw["base_precision"] == 32
+    assert compose(tmp_path, equivariant).precision_origin == "default"
+    given = compose(tmp_path, equivariant, ("base_precision=64",))
+    assert (given.raw["base_precision"], given.precision_origin) == (64, "given")
+    assert compose(tmp_path, "training_set: data.xyz\n").raw["base_precision"] == 64  # soap_bpnn's
+
+
 def test_the_last_of_repeated_overrides_wins(tmp_path, data_file):
     options = compose(tmp_path, "training_set: data.xyz\n", ("seed=3", "seed=4"))
     assert options.run.seed == 4

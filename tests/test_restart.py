@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -163,6 +164,50 @@ def test_a_restart_keeps_a_seed_drawn_at_random(tmp_path):
     assert seeds[0] == seeds[1]
     for name in ("training", "validation", "test"):
         assert (first / "indices" / f"{name}.txt").read_text() == (second / "indices" / f"{name}.txt").read_text()
+
+
+#: equivariant_mp, whose default precision is float32, at its smallest
+SMALL_MP = emt_options(
+    "name: equivariant_mp\nmodel: {channels: 8, max_l: 1, hidden_l: 1, correlation: 2, num_layers: 1}",
+    "{batch_size: 8, num_epochs: 1}",
+    "energy: {key: energy, unit: eV, forces: on}",
+    seed=3,
+)
+
+
+def test_the_precision_is_the_architectures_and_a_restart_keeps_the_checkpoints(tmp_path):
+    """A run without base_precision runs at its architecture's (equivariant_mp: float32) and
+    says so; a float64 run, as every run of an mtt before architectures had their own, is
+    continued in float64 by a restart whose options set no precision."""
+    write_options(tmp_path, SMALL_MP)
+    result = train(tmp_path)
+    assert "precision: float32, equivariant_mp's default (base_precision: 64 for float64)" in result.stdout
+    assert re.search(r"precision:\s+float32", result.stdout.split("Summary")[1])
+    assert yaml.safe_load((runs(tmp_path)[-1] / "options.yaml").read_text())["base_precision"] == 32
+    assert exported_dtype(tmp_path / "model.pt") == "float32"
+
+    train(tmp_path, "base_precision=64", "seed=4")
+    older = runs(tmp_path)[-1]
+    result = train(tmp_path, "seed=4", "architecture.training.num_epochs=2", "--restart", "auto")
+    assert f"continuing after epoch 1 from outputs/{older.relative_to(tmp_path / 'outputs')}" in result.stdout
+    assert "precision: float64, the restarted run's" in result.stdout
+    assert yaml.safe_load((runs(tmp_path)[-1] / "options.yaml").read_text())["base_precision"] == 64
+    assert exported_dtype(tmp_path / "model.pt") == "float64"
+
+
+def exported_dtype(model: Path) -> str:
+    """The dtype an exported model declares, read in a process without mtt."""
+    script = (
+        "import sys; from metatomic.torch import load_atomistic_model; "
+        "print(load_atomistic_model(sys.argv[1], extensions_directory=sys.argv[2]).capabilities().dtype)"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", script, str(model), str(model.parent / "extensions")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return output.stdout.strip()
 
 
 def test_an_earlier_model_file_is_kept(tmp_path):

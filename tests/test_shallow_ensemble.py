@@ -21,7 +21,8 @@ SHALLOW = "shallow_ensemble: {members: 4}"
 
 def _train(folder: Path, architecture: str, training: str, seed: int = 3, *args: str) -> subprocess.CompletedProcess:
     folder.mkdir(parents=True, exist_ok=True)
-    options = write_options(folder, emt_options(architecture, training, seed=seed))
+    # float64, as SOAP-BPNN's default: the members' mean is the model's energy to 1e-9
+    options = write_options(folder, emt_options(architecture, training, seed=seed, precision=64))
     result = run_mtt("train", str(options), *args, cwd=folder)
     assert result.returncode == 0, result.stderr
     return result

@@ -23,7 +23,8 @@ def options(architecture: str, targets: list[str], data: Path, epochs: int = 2) 
     body = "".join(f"  {line}\n" for line in architecture.splitlines())
     lines = "".join(f"    {line}\n" for line in targets)
     return (
-        f"seed: 5\narchitecture:\n{body}  training: {{num_epochs: {epochs}, batch_size: 16}}\n"
+        # float64, as SOAP-BPNN's default: rotated vectors are compared to 1e-9
+        f"seed: 5\nbase_precision: 64\narchitecture:\n{body}  training: {{num_epochs: {epochs}, batch_size: 16}}\n"
         f"training_set:\n  systems: {data}\n  targets:\n{lines}validation_set: 0.1\ntest_set: 0.1\n"
     )
 

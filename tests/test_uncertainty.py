@@ -25,7 +25,8 @@ TRAINING = "{batch_size: 8, num_epochs: 4}"
 
 def _train(folder: Path, architecture: str, training: str = TRAINING, seed: int = 3) -> subprocess.CompletedProcess:
     folder.mkdir(parents=True, exist_ok=True)
-    options = write_options(folder, emt_options(architecture, training, seed=seed))
+    # float64, as SOAP-BPNN's default: ASE, metatomic and mtt eval agree to 1e-6 there
+    options = write_options(folder, emt_options(architecture, training, seed=seed, precision=64))
     result = run_mtt("train", str(options), cwd=folder)
     assert result.returncode == 0, result.stderr
     return result

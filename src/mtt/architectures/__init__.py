@@ -9,6 +9,8 @@ hyperparameters) and ``__maintainers__``, and optionally
   options still override;
 - ``__supported_devices__`` and ``__supported_dtypes__``: what it runs on (by default
   ``("cpu", "cuda")`` and ``("float32", "float64")``), checked before training;
+- ``__default_precision__``: the ``base_precision`` (32 or 64, by default 64) of a run whose
+  options set none, the one its measurements favour;
 - ``__target_kinds__``: the kinds of targets its models predict, among "scalar", "scalar
   per atom", "vector" and "vector per atom" (by default the scalars: a per-atom scalar is
   a column of ``per_atom_outputs`` that is not summed; vectors must rotate with the
@@ -28,6 +30,7 @@ import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Callable, Iterable, Iterator
 
 from ..errors import ArchitectureError, MttError, OptionsError, did_you_mean
@@ -49,6 +52,7 @@ class Architecture:
     training_defaults: dict = field(default_factory=dict)
     supported_devices: tuple[str, ...] = ("cpu", "cuda")
     supported_dtypes: tuple[str, ...] = ("float32", "float64")
+    default_precision: int = 64
     checkpoint_version: int = 1
     upgrade_checkpoint: Callable[[dict, int], dict] | None = None
     target_kinds: tuple[str, ...] = ("scalar", "scalar per atom")
@@ -94,6 +98,13 @@ def available() -> dict[str, str]:
     return found
 
 
+def _default_precision(module: ModuleType) -> int:
+    precision = getattr(module, "__default_precision__", 64)
+    if precision not in (32, 64):
+        raise ValueError(f"__default_precision__ must be 32 or 64, not {precision!r}")
+    return precision
+
+
 def check_name(name: str) -> None:
     known = available()
     if name not in known:
@@ -117,6 +128,7 @@ def load(name: str) -> Architecture:
             training_defaults=dict(getattr(module, "__training_defaults__", {})),
             supported_devices=tuple(getattr(module, "__supported_devices__", ("cpu", "cuda"))),
             supported_dtypes=tuple(getattr(module, "__supported_dtypes__", ("float32", "float64"))),
+            default_precision=_default_precision(module),
             checkpoint_version=int(getattr(module, "__checkpoint_version__", 1)),
             upgrade_checkpoint=getattr(module, "upgrade_checkpoint", None),
             target_kinds=tuple(getattr(module, "__target_kinds__", ("scalar", "scalar per atom"))),

@@ -45,14 +45,14 @@ def train(
     setup_logging(None, verbose=main)
     for note in options.notes:
         LOGGER.info("note: %s", note)
-    dtype = torch.float64 if run.base_precision == 64 else torch.float32
     architecture = architectures.load(run.architecture.name)
-    architecture.check_capabilities(environment.device.type, str(dtype).removeprefix("torch."))
     check_loggers(run.loggers)
     start = choose_start(options, restart_request, Path(options_path), environment.world_size)
     if start.already_complete():
         environment.shutdown()
         return
+    dtype = torch.float64 if run.base_precision == 64 else torch.float32  # a restart may adopt its checkpoint's
+    architecture.check_capabilities(environment.device.type, str(dtype).removeprefix("torch."))
 
     torch.manual_seed(run.seed)
     splits = load_splits(options.raw, Path(options_path).parent, run.seed)
@@ -109,6 +109,7 @@ def train(
         trainer.close()
         for logger in loggers:
             logger.close()
+    files.append(("precision", f"float{run.base_precision}"))
     peak = environment.all_reduce_max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     files.append(("peak memory", f"{peak:.0f} MB" + (" (largest rank)" if environment.enabled else "")))
     if main:
@@ -134,6 +135,7 @@ def _describe_run(
     for note in options.notes:
         FILE_LOGGER.info("note: %s", note)
     LOGGER.info("distributed: %s", environment.describe())
+    LOGGER.info("precision: %s", describe_precision(options))
     write_run_files(folder, options.to_yaml(), options_path, context.arguments or [], splits.sets)
     info = splits.info
     LOGGER.info(
@@ -145,6 +147,17 @@ def _describe_run(
     )
     LOGGER.info("learning %s", ", ".join(t.describe() for t in info.targets.values()))
     LOGGER.info("training: %s", describe_training(options.trainer_hypers, environment.world_size))
+
+
+def describe_precision(options: ComposedOptions) -> str:
+    """Which precision runs, and where it comes from."""
+    precision = options.run.base_precision
+    if options.precision_origin == "given":
+        return f"float{precision} (base_precision: {precision})"
+    if options.precision_origin == "checkpoint":
+        return f"float{precision}, the restarted run's"
+    other = 96 - precision
+    return f"float{precision}, {options.run.architecture.name}'s default (base_precision: {other} for float{other})"
 
 
 def _cutoff_sample(structures: StructureSet, requests: list, seed: int) -> list[Structure]:

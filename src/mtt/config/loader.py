@@ -41,6 +41,9 @@ class ComposedOptions:
     trainer_hypers: TrainerHypers
     #: the seed was drawn at random (none given): a restart takes its checkpoint's
     chosen_seed: bool = False
+    #: where base_precision comes from: "given" (file or command line), "default" (the
+    #: architecture's, none given: a restart takes its checkpoint's) or "checkpoint" (taken)
+    precision_origin: str = "given"
     #: what was read in mtt's terms or ignored (metatrain's options), to tell the user
     notes: list[str] = field(default_factory=list)
     #: the keys under ``architecture.model`` that the file or the command line set
@@ -252,6 +255,15 @@ def _validate(raw: dict, architecture: architectures.Architecture) -> ComposedOp
     if chosen:
         run.seed = random.SystemRandom().randrange(2**31)
         raw["seed"] = run.seed
+    default_precision = run.base_precision is None
+    if default_precision:  # written out, so that the run folder's options say which ran
+        run.base_precision = raw["base_precision"] = architecture.default_precision
     return ComposedOptions(
-        raw=raw, run=run, model_hypers=model, trainer_hypers=trainer, chosen_seed=chosen, notes=translation.notes
+        raw=raw,
+        run=run,
+        model_hypers=model,
+        trainer_hypers=trainer,
+        chosen_seed=chosen,
+        precision_origin="default" if default_precision else "given",
+        notes=translation.notes,
     )

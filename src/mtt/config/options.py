@@ -17,6 +17,7 @@ TYPE_NAMES = {
 }
 #: defaults of the options whose dataclass default is not what a run starts from
 DEFAULT_NAMES = {
+    "base_precision": "the architecture's",
     "architecture.model": "the architecture's",
     "architecture.training": "see the keys below",
 }
@@ -53,7 +54,11 @@ class RunOptions:
     test_set: Any = option(0.1, "Fraction of the training data, or dataset block(s); 0 for none.")
     seed: Optional[int] = option(None, "Random seed; a random one is chosen and recorded when null.")
     device: str = option("auto", "auto, cpu, cuda or cuda:N.")
-    base_precision: Literal[32, 64] = option(64, "Floating point precision: 32 or 64.")
+    base_precision: Optional[Literal[32, 64]] = option(
+        None,
+        "Floating point precision: 32 or 64. By default the architecture's (equivariant_mp: 32, soap_bpnn: 64); "
+        "the baseline fit, loss sums and uncertainty covariances are accumulated in float64 either way.",
+    )
     logger: Union[Literal["none", "tensorboard", "wandb"], list[Literal["tensorboard", "wandb"]]] = option(
         "none",
         "Where every epoch's metrics also go, besides metrics.csv: 'tensorboard' (event files in the run "

@@ -59,11 +59,20 @@ def _run_options(folder: Path) -> dict | None:
     return options if isinstance(options, dict) else None
 
 
-def _comparable(options: dict, chosen_seed: bool, recorded: dict) -> dict:
-    """``options`` with the seed of ``recorded`` when the seed was drawn at random now."""
-    if chosen_seed and "seed" in recorded:
-        return {**options, "seed": recorded["seed"]}
-    return options
+#: the precision of runs whose options do not record one (mtt's default before architectures had theirs)
+RECORDED_PRECISION = 64
+
+
+def _comparable(options: ComposedOptions, recorded: dict) -> dict:
+    """The options with the seed of ``recorded`` when the seed was drawn at random now, and
+    its precision when this run's is the architecture's default: the restart continues the
+    run as it was started."""
+    comparable = dict(options.raw)
+    if options.chosen_seed and isinstance(recorded.get("seed"), int):
+        comparable["seed"] = recorded["seed"]
+    if options.precision_origin != "given":
+        comparable["base_precision"] = recorded.get("base_precision") or RECORDED_PRECISION
+    return comparable
 
 
 def _options_file(folder: Path) -> str | None:
@@ -97,7 +106,7 @@ def find_checkpoint(root: Path, options: ComposedOptions, options_file: Path) ->
         recorded = _run_options(folder)
         if not checkpoints or recorded is None:
             continue
-        now = _comparable(options.raw, options.chosen_seed, recorded)
+        now = _comparable(options, recorded)
         refused = [c for c in option_changes(recorded, now, allowed=(GLOBAL_BATCH_KEY,)) if c.refused_because]
         run = (folder, checkpoints, refused)
         if not refused:
@@ -140,7 +149,8 @@ def find_restart_point(
     request: str | None, options: ComposedOptions, options_file: Path, world_size: int
 ) -> RestartPoint | None:
     """The checkpoint to continue, checked against ``options`` (nothing is written before);
-    the seed of the checkpoint is adopted when this run's was drawn at random."""
+    the seed of the checkpoint is adopted when this run's was drawn at random, its precision
+    when this run's is the architecture's default."""
     if request is None:
         return None
     path = find_checkpoint(Path("outputs"), options, options_file) if request == "auto" else Path(request)
@@ -148,8 +158,11 @@ def find_restart_point(
         return None
     state = TrainingState.load(path)
     recorded = state.identity.options
-    if options.chosen_seed and isinstance(recorded.get("seed"), int):
-        options.raw["seed"] = options.run.seed = recorded["seed"]
+    adopted = _comparable(options, recorded)
+    options.raw["seed"] = options.run.seed = adopted["seed"]
+    if options.precision_origin != "given":
+        options.raw["base_precision"] = options.run.base_precision = adopted["base_precision"]
+        options.precision_origin = "checkpoint"
     run_folder = run_folder_of(path)
     global_batch = options.trainer_hypers.batch_size * world_size
     knows_batch = state.global_batch_size > 0
