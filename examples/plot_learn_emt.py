@@ -80,7 +80,7 @@ ase.io.write(workdir / "test.xyz", test)
 seed: 0
 architecture:
   name: soap_bpnn
-  training: {batch_size: 5, num_epochs: 500}
+  training: {batch_size: 5, num_epochs: 300}
 training_set:
   systems: start.xyz
   targets:
@@ -90,8 +90,8 @@ test_set: 0.0
 """)
 (workdir / "learn.yaml").write_text("""\
 options: options.yaml
-rounds: 3
-explore: {start: start.xyz, temperature: 1000, steps: 300, timestep: 2, every: 10}
+rounds: 2
+explore: {start: start.xyz, temperature: 1000, steps: 200, timestep: 2, every: 10}
 select: {max_per_round: 10}
 label: {calculator: "ase.calculators.emt:EMT"}
 train: {overrides: [architecture.training.num_epochs=100]}
