@@ -98,6 +98,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import ase
 import ase.io
@@ -493,29 +494,35 @@ def warn_if_busy(what: str) -> None:
         )
 
 
-def run_training(tool: str, split: str, files, seed: int, epochs: int, args) -> tuple[dict, Path, bool]:
-    """A tool's run on a split, from the cache if it is there: (figures, folder, cached)."""
-    n_train = SPLITS[split][2][1] - SPLITS[split][2][0]
-    if tool == "mtt":
-        options = mtt_options(files, seed, epochs, args.mtt_architecture, args.mtt_model)
-        key_text = options + _mtt_source_state()
-    else:
-        command = mace_command(files, seed, epochs)
-        key_text = " ".join(command) + MACE
+def cached_run(
+    runs: Path, label: str, key_text: str, fresh: bool, train: Callable[[Path], dict]
+) -> tuple[dict, Path, bool]:
+    """The figures of ``train(folder)`` in ``runs/<label>-<hash of key_text>``, from the cache
+    if they are there: (figures, folder, cached)."""
     key = hashlib.sha256(key_text.encode()).hexdigest()[:10]
-    folder = WORK / "runs" / f"{tool}-{split}-seed{seed}-{epochs}ep-{key}"
+    folder = runs / f"{label}-{key}"
     cached = folder / "figures.json"
-    if cached.exists() and not args.fresh:
+    if cached.exists() and not fresh:
         return json.loads(cached.read_text()), folder, True
     shutil.rmtree(folder, ignore_errors=True)  # an interrupted or --fresh run
     folder.mkdir(parents=True)
-    warn_if_busy(f"{tool} on {split}")
-    if tool == "mtt":
-        figures = train_mtt(files, seed, epochs, options, folder, n_train)
-    else:
-        figures = train_mace(files, seed, epochs, command, folder, n_train)
+    warn_if_busy(label)
+    figures = train(folder)
     cached.write_text(json.dumps(figures, indent=1))
     return figures, folder, False
+
+
+def run_training(tool: str, split: str, files, seed: int, epochs: int, args) -> tuple[dict, Path, bool]:
+    """A tool's run on a split, from the cache if it is there: (figures, folder, cached)."""
+    n_train = SPLITS[split][2][1] - SPLITS[split][2][0]
+    label = f"{tool}-{split}-seed{seed}-{epochs}ep"
+    if tool == "mtt":
+        options = mtt_options(files, seed, epochs, args.mtt_architecture, args.mtt_model)
+        train = lambda folder: train_mtt(files, seed, epochs, options, folder, n_train)  # noqa: E731
+        return cached_run(WORK / "runs", label, options + _mtt_source_state(), args.fresh, train)
+    command = mace_command(files, seed, epochs)
+    train = lambda folder: train_mace(files, seed, epochs, command, folder, n_train)  # noqa: E731
+    return cached_run(WORK / "runs", label, " ".join(command) + MACE, args.fresh, train)
 
 
 # -- MD ---------------------------------------------------------------------------------------

@@ -39,9 +39,6 @@ This is a benchmark, not a test: nothing here asserts timings.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import shutil
 import statistics
 import sys
 import time
@@ -57,12 +54,12 @@ from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from compare_mace import (
     MACE,
     _mtt_source_state,
+    cached_run,
     mace_command,
     mtt_options,
     setup_mace,
     train_mace,
     train_mtt,
-    warn_if_busy,
 )
 from harness import BENCH, alternate, markdown_table, spread
 
@@ -195,23 +192,14 @@ def run(tool: str, system: str, files: dict[str, Path], seed: int, epochs: int, 
         if tool == "mtt64":
             options = options.replace("base_precision: 32", "base_precision: 64")
         key_text = options + _mtt_source_state()
+        train = lambda folder: train_mtt(files, seed, epochs, options, folder, N_TRAIN)  # noqa: E731
     else:
         command = mace_command(files, seed, epochs) + (MACE_STRESS if periodic else [])
         key_text = " ".join(command) + MACE
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:10]
-    folder = WORK / "runs" / f"{tool}-{system}-seed{seed}-{epochs}ep-{key}"
-    cached = folder / "figures.json"
-    if cached.exists() and not args.fresh:
-        return json.loads(cached.read_text()), True
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    warn_if_busy(f"{tool} on {system}")
-    if tool.startswith("mtt"):
-        figures = train_mtt(files, seed, epochs, options, folder, N_TRAIN)
-    else:
-        figures = train_mace(files, seed, epochs, command, folder, N_TRAIN)
-    cached.write_text(json.dumps(figures, indent=1))
-    return figures, False
+        train = lambda folder: train_mace(files, seed, epochs, command, folder, N_TRAIN)  # noqa: E731
+    label = f"{tool}-{system}-seed{seed}-{epochs}ep"
+    figures, _, cached = cached_run(WORK / "runs", label, key_text, args.fresh, train)
+    return figures, cached
 
 
 FIGURES = ["test F RMSE meV/A", "test E RMSE meV/atom", "wall s", "s/epoch", "peak MB"]

@@ -156,7 +156,7 @@ def describe_precision(options: ComposedOptions) -> str:
         return f"float{precision} (base_precision: {precision})"
     if options.precision_origin == "checkpoint":
         return f"float{precision}, the restarted run's"
-    other = 96 - precision
+    other = 64 if precision == 32 else 32
     return f"float{precision}, {options.run.architecture.name}'s default (base_precision: {other} for float{other})"
 
 

@@ -7,7 +7,7 @@ import difflib
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import yaml
 from hydra import compose, initialize_config_module
@@ -43,7 +43,7 @@ class ComposedOptions:
     chosen_seed: bool = False
     #: where base_precision comes from: "given" (file or command line), "default" (the
     #: architecture's, none given: a restart takes its checkpoint's) or "checkpoint" (taken)
-    precision_origin: str = "given"
+    precision_origin: Literal["given", "default", "checkpoint"] = "given"
     #: what was read in mtt's terms or ignored (metatrain's options), to tell the user
     notes: list[str] = field(default_factory=list)
     #: the keys under ``architecture.model`` that the file or the command line set
