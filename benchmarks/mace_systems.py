@@ -191,13 +191,22 @@ def run(tool: str, system: str, files: dict[str, Path], seed: int, epochs: int, 
         options = mtt_options(files, seed, epochs, "equivariant_mp", {}, STRESS_DATASET if periodic else None)
         if tool == "mtt64":
             options = options.replace("base_precision: 32", "base_precision: 64")
+        weighted = (("loss: {weights", args.loss_weights), ("final_stage: {loss_weights", args.final_loss_weights))
+        for option, given in weighted:
+            if given:
+                weights = ", ".join(f"{name}: {value}" for name, value in given)
+                line = "    log_interval: 1\n"
+                options = options.replace(line, f"{line}    {option}: {{{weights}}}}}\n")
         key_text = options + _mtt_source_state()
         train = lambda folder: train_mtt(files, seed, epochs, options, folder, N_TRAIN)  # noqa: E731
     else:
         command = mace_command(files, seed, epochs) + (MACE_STRESS if periodic else [])
         key_text = " ".join(command) + MACE
         train = lambda folder: train_mace(files, seed, epochs, command, folder, N_TRAIN)  # noqa: E731
-    label = f"{tool}-{system}-seed{seed}-{epochs}ep"
+    weighted = "".join(f"-{name}{value:g}" for name, value in args.loss_weights)
+    weighted += "".join(f"-final{name}{value:g}" for name, value in args.final_loss_weights)
+    weighted = weighted if tool.startswith("mtt") else ""
+    label = f"{tool}{weighted}-{system}-seed{seed}-{epochs}ep"
     figures, _, cached = cached_run(WORK / "runs", label, key_text, args.fresh, train)
     return figures, cached
 
@@ -233,6 +242,22 @@ def main() -> None:
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
+    parser.add_argument(
+        "--loss-weights",
+        nargs="+",
+        default=[],
+        type=lambda text: (text.split("=")[0], float(text.split("=")[1])),
+        metavar="TERM=WEIGHT",
+        help="mtt's loss weights (architecture.training.loss.weights), e.g. forces=10",
+    )
+    parser.add_argument(
+        "--final-loss-weights",
+        nargs="+",
+        default=[],
+        type=lambda text: (text.split("=")[0], float(text.split("=")[1])),
+        metavar="TERM=WEIGHT",
+        help="mtt's loss weights in the final stage (architecture.training.final_stage.loss_weights)",
+    )
     parser.add_argument("--data-only", action="store_true", help="generate the systems and stop")
     parser.add_argument("--fresh", action="store_true", help="ignore the cached runs (and replace them)")
     args = parser.parse_args()
