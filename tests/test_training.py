@@ -225,3 +225,41 @@ def test_validation_batches_change_no_figure(tmp_path, emt_file):
         assert default.keys() == single.keys()
         for key, value in default.items():
             assert math.isclose(value, single[key], rel_tol=1e-9), (key, value, single[key])
+
+
+@pytest.mark.parametrize(
+    "name, targets, loss, expected",
+    [
+        # equivariant_mp weighs the forces 10 unless told otherwise, and says so
+        ("equivariant_mp", "forces: on", "", "loss weights: forces 10 (equivariant_mp's default); the other"),
+        ("equivariant_mp", "forces: on", "loss: {weights: {forces: 2, energy: 3}}", "weights: energy 3, forces 2;"),
+        # without forces the architecture's weight of them applies to nothing: no error, no line
+        ("equivariant_mp", "forces: off", "", None),
+        ("soap_bpnn", "forces: on", "", None),
+    ],
+)
+def test_the_loss_weights_are_the_users_then_the_architectures(tmp_path, emt_file, name, targets, loss, expected):
+    small = {
+        "equivariant_mp": "{channels: 4, max_l: 2, correlation: 2, radial_mlp: [8]}",
+        "soap_bpnn": "{soap: {max_radial: 3, max_angular: 2}}",
+    }
+    options = f"""
+architecture:
+  name: {name}
+  model: {small[name]}
+  training: {{num_epochs: 1, batch_size: 8{", " + loss if loss else ""}}}
+training_set:
+  systems: {emt_file}
+  targets:
+    energy: {{key: energy, unit: eV, {targets}}}
+validation_set: 0.1
+test_set: 0.1
+"""
+    write_options(tmp_path, options)
+    result = run_mtt("train", "options.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in (run_folder(tmp_path) / "train.log").read_text().splitlines() if "loss weights" in line]
+    if expected is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and expected in lines[0], lines

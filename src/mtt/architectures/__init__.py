@@ -11,6 +11,8 @@ hyperparameters) and ``__maintainers__``, and optionally
   ``("cpu", "cuda")`` and ``("float32", "float64")``), checked before training;
 - ``__default_precision__``: the ``base_precision`` (32 or 64, by default 64) of a run whose
   options set none, the one its measurements favour;
+- ``__loss_weights__``: weights of the loss terms that the user's ``loss.weights`` leave
+  out, by the same names (``{"forces": 10}``), where a run learns them; the others weigh 1;
 - ``__target_kinds__``: the kinds of targets its models predict, among "scalar", "scalar
   per atom", "vector" and "vector per atom" (by default the scalars: a per-atom scalar is
   a column of ``per_atom_outputs`` that is not summed; vectors must rotate with the
@@ -53,6 +55,7 @@ class Architecture:
     supported_devices: tuple[str, ...] = ("cpu", "cuda")
     supported_dtypes: tuple[str, ...] = ("float32", "float64")
     default_precision: int = 64
+    loss_weights: dict[str, float] = field(default_factory=dict)
     checkpoint_version: int = 1
     upgrade_checkpoint: Callable[[dict, int], dict] | None = None
     target_kinds: tuple[str, ...] = ("scalar", "scalar per atom")
@@ -129,6 +132,7 @@ def load(name: str) -> Architecture:
             supported_devices=tuple(getattr(module, "__supported_devices__", ("cpu", "cuda"))),
             supported_dtypes=tuple(getattr(module, "__supported_dtypes__", ("float32", "float64"))),
             default_precision=_default_precision(module),
+            loss_weights={name: float(weight) for name, weight in getattr(module, "__loss_weights__", {}).items()},
             checkpoint_version=int(getattr(module, "__checkpoint_version__", 1)),
             upgrade_checkpoint=getattr(module, "upgrade_checkpoint", None),
             target_kinds=tuple(getattr(module, "__target_kinds__", ("scalar", "scalar per atom"))),

@@ -27,7 +27,7 @@ from ..outputs.metric_loggers import check_loggers, open_loggers
 from ..outputs.run_folder import new_run_folder, write_run_files
 from ..outputs.terminal import print_summary, summary_lines
 from ..starts import RunParts, choose_start
-from ..training.loss import Metrics
+from ..training.loss import Metrics, describe_weights, terms_of
 from ..training.trainer import Trainer, describe_training
 from ..training.uncertainty import fit_best_model_uncertainty, wants_uncertainty
 from .context import RunContext
@@ -146,6 +146,12 @@ def _describe_run(
         ", ".join(chemical_symbols[z] for z in info.atomic_types),
     )
     LOGGER.info("learning %s", ", ".join(t.describe() for t in info.targets.values()))
+    architecture = architectures.load(options.run.architecture.name)
+    weights = describe_weights(
+        options.trainer_hypers.loss_hypers.weights, terms_of(info), architecture.loss_weights, architecture.name
+    )
+    if weights:
+        LOGGER.info("loss weights: %s; the other terms weigh 1", weights)
     LOGGER.info("training: %s", describe_training(options.trainer_hypers, environment.world_size))
 
 

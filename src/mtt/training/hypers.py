@@ -19,7 +19,8 @@ class LossHypers:
     weights: dict[str, float] = option(
         {},
         "Weight of each term, by target name; 'forces' and 'stress' weigh the "
-        "derivatives of the energy. Missing terms weigh 1.",
+        "derivatives of the energy. Missing terms weigh what the architecture sets (equivariant_mp: forces 10), "
+        "or 1.",
     )
     huber_delta: float = option(1.0, "Transition point of the Huber loss, on normalised errors.")
     types: dict[str, Literal["mse", "mae", "huber"]] = option(

@@ -72,6 +72,21 @@ def errors(term: Term, predictions: Predictions, batch: Batch) -> torch.Tensor:
     return with_reference(term, difference, batch).reshape(-1)
 
 
+def term_weights(given: dict[str, float], terms: list[Term], defaults: dict[str, float]) -> dict[str, float]:
+    """Each term's weight: the user's, else the architecture's default, else 1."""
+    return {t.label: given.get(t.label, defaults.get(t.label, 1.0)) for t in terms}
+
+
+def describe_weights(given: dict[str, float], terms: list[Term], defaults: dict[str, float], architecture: str) -> str:
+    """The weights other than 1 in a line, the architecture's defaults named as such ('' if none)."""
+    weights = term_weights(given, terms, defaults)
+    return ", ".join(
+        f"{label} {weight:g}" + ("" if label in given else f" ({architecture}'s default)")
+        for label, weight in weights.items()
+        if weight != 1.0
+    )
+
+
 class Loss:
     """Weighted sum of per-term losses on errors divided by each term's spread."""
 
@@ -81,7 +96,10 @@ class Loss:
         terms: list[Term],
         spreads: dict[str, float],
         where: str = "architecture.training.loss",
+        defaults: dict[str, float] | None = None,
     ):
+        """``defaults``: the architecture's weights of the terms that ``hypers`` leave out
+        (``Architecture.loss_weights``); the others weigh 1."""
         labels = [t.label for t in terms]
         for option, given in (("weights", hypers.weights), ("types", hypers.types)):
             unknown = set(given) - set(labels)
@@ -94,7 +112,7 @@ class Loss:
                     hint=f"Learned quantities: {', '.join(labels)}.",
                 )
         self.terms = terms
-        self.weights = {t.label: hypers.weights.get(t.label, 1.0) for t in terms}
+        self.weights = term_weights(hypers.weights, terms, defaults or {})
         self.spreads = spreads
         functions = {
             "mse": torch.nn.functional.mse_loss,

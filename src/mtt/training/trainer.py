@@ -371,12 +371,14 @@ class Trainer:
             int(train.n_atoms.sum()),
         )
         # the final stage's loss made now too, so that a misnamed weight is reported before training
-        first_loss = Loss(hypers.loss_hypers, self.terms, state.spreads)
+        defaults = self.architecture.loss_weights
+        first_loss = Loss(hypers.loss_hypers, self.terms, state.spreads, defaults=defaults)
         final_loss = Loss(
             hypers.loss_hypers_of(hypers.num_epochs),
             self.terms,
             state.spreads,
             "architecture.training.final_stage",
+            defaults,
         )
         if hypers.shallow_ensemble is not None:
             self.ensemble_term = EnsembleLossTerm(hypers.shallow_ensemble, self.terms, state.spreads)
