@@ -3,11 +3,15 @@ and mtt at float32 against float64.
 
     python benchmarks/mace_systems.py [--systems ...] [--epochs 60] [--seeds 42 43]
                                       [--tools mtt mace mtt64] [--fresh]
+                                      [--architecture equivariant_mp]
+                                      [--loss-weights forces=10] [--final-loss-weights forces=1]
 
 Run it with mtt's own environment (``python`` of the worktree's .venv) and nothing else on the
 machine. MACE's virtual environment, its command line and mtt's options are those of
 ``compare_mace.py`` (MACE's 32x0e+32x1o at float32; equivariant_mp at its defaults, batch 10);
-"mtt64" is the same mtt run at ``base_precision: 64``.
+"mtt64" is the same mtt run at ``base_precision: 64``. ``--architecture soap_bpnn`` runs
+SOAP-BPNN at its defaults instead (its float32 against float64), and ``--loss-weights`` and
+``--final-loss-weights`` set mtt's ``loss.weights`` and ``final_stage.loss_weights``.
 
 The systems are generated once (cached in .bench/mace_systems/data/, kept apart from the runs):
 each is Langevin MD at 500 K (0.5 fs, friction 0.01/fs, 200 steps of warm-up, a frame every 10
@@ -188,7 +192,7 @@ def run(tool: str, system: str, files: dict[str, Path], seed: int, epochs: int, 
     """A tool's run on a system, from the cache if it is there: (figures, cached)."""
     periodic = system == "cuau"
     if tool.startswith("mtt"):
-        options = mtt_options(files, seed, epochs, "equivariant_mp", {}, STRESS_DATASET if periodic else None)
+        options = mtt_options(files, seed, epochs, args.architecture, {}, STRESS_DATASET if periodic else None)
         if tool == "mtt64":
             options = options.replace("base_precision: 32", "base_precision: 64")
         weighted = (("loss: {weights", args.loss_weights), ("final_stage: {loss_weights", args.final_loss_weights))
@@ -206,7 +210,8 @@ def run(tool: str, system: str, files: dict[str, Path], seed: int, epochs: int, 
     weighted = "".join(f"-{name}{value:g}" for name, value in args.loss_weights)
     weighted += "".join(f"-final{name}{value:g}" for name, value in args.final_loss_weights)
     weighted = weighted if tool.startswith("mtt") else ""
-    label = f"{tool}{weighted}-{system}-seed{seed}-{epochs}ep"
+    other = f"-{args.architecture}" if tool.startswith("mtt") and args.architecture != "equivariant_mp" else ""
+    label = f"{tool}{other}{weighted}-{system}-seed{seed}-{epochs}ep"
     figures, _, cached = cached_run(WORK / "runs", label, key_text, args.fresh, train)
     return figures, cached
 
@@ -214,8 +219,8 @@ def run(tool: str, system: str, files: dict[str, Path], seed: int, epochs: int, 
 FIGURES = ["test F RMSE meV/A", "test E RMSE meV/atom", "wall s", "s/epoch", "peak MB"]
 
 
-def print_tables(results: dict, systems: list[str], tools: list[str], epochs: int) -> None:
-    print(f"\nequivariant_mp (mtt) vs {MACE}, {epochs} epochs, medians [min-max] over seeds\n")
+def print_tables(results: dict, systems: list[str], tools: list[str], epochs: int, architecture: str) -> None:
+    print(f"\n{architecture} (mtt) vs {MACE}, {epochs} epochs, medians [min-max] over seeds\n")
     headers = ["system", "figure"] + [t for t in tools] + (["mtt/MACE"] if {"mtt", "mace"} <= set(tools) else [])
     headers += ["mtt32/mtt64"] if {"mtt", "mtt64"} <= set(tools) else []
     rows = []
@@ -258,6 +263,9 @@ def main() -> None:
         metavar="TERM=WEIGHT",
         help="mtt's loss weights in the final stage (architecture.training.final_stage.loss_weights)",
     )
+    parser.add_argument(
+        "--architecture", default="equivariant_mp", help="mtt's architecture, at its defaults (soap_bpnn: precision)"
+    )
     parser.add_argument("--data-only", action="store_true", help="generate the systems and stop")
     parser.add_argument("--fresh", action="store_true", help="ignore the cached runs (and replace them)")
     args = parser.parse_args()
@@ -282,7 +290,7 @@ def main() -> None:
                     f"E RMSE {figures['test E RMSE meV/atom']:.2f} meV/atom",
                     file=sys.stderr,
                 )
-    print_tables(results, args.systems, args.tools, args.epochs)
+    print_tables(results, args.systems, args.tools, args.epochs, args.architecture)
 
 
 if __name__ == "__main__":
