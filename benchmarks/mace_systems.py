@@ -241,28 +241,22 @@ def print_tables(results: dict, systems: list[str], tools: list[str], epochs: in
     print(markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2)))
 
 
+def _term_weight(text: str) -> tuple[str, float]:
+    """'forces=10' -> ('forces', 10.0)"""
+    name, _, value = text.partition("=")
+    return name, float(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
-    parser.add_argument(
-        "--loss-weights",
-        nargs="+",
-        default=[],
-        type=lambda text: (text.split("=")[0], float(text.split("=")[1])),
-        metavar="TERM=WEIGHT",
-        help="mtt's loss weights (architecture.training.loss.weights), e.g. forces=10",
-    )
-    parser.add_argument(
-        "--final-loss-weights",
-        nargs="+",
-        default=[],
-        type=lambda text: (text.split("=")[0], float(text.split("=")[1])),
-        metavar="TERM=WEIGHT",
-        help="mtt's loss weights in the final stage (architecture.training.final_stage.loss_weights)",
-    )
+    for flag, option in (("--loss-weights", "loss.weights"), ("--final-loss-weights", "final_stage.loss_weights")):
+        parser.add_argument(
+            flag, nargs="+", default=[], type=_term_weight, metavar="TERM=WEIGHT", help=f"mtt's training.{option}"
+        )
     parser.add_argument(
         "--architecture", default="equivariant_mp", help="mtt's architecture, at its defaults (soap_bpnn: precision)"
     )
