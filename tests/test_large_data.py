@@ -285,7 +285,8 @@ def test_an_element_of_a_streamed_validation_set_that_training_lacks(tmp_path):
 
 def test_conversion_stopped_by_ctrl_c_leaves_nothing(tmp_path):
     frames = ase.io.read(EMT_DATA, ":")
-    ase.io.write(tmp_path / "many.xyz", frames * 40)
+    # enough structures that filling the partial folder outlasts the wait for it to appear
+    ase.io.write(tmp_path / "many.xyz", frames * 100)
     write_options(tmp_path, DATASET.replace(str(EMT_DATA), "many.xyz"), "dataset.yaml")
     process = subprocess.Popen(
         [sys.executable, "-m", "mtt", "data", "convert", "dataset.yaml", "-o", "many"],
@@ -296,7 +297,7 @@ def test_conversion_stopped_by_ctrl_c_leaves_nothing(tmp_path):
     )
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".many.mttdata.partial-*")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.002)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
