@@ -70,7 +70,7 @@ def train(
     folder = Path(environment.broadcast_object(str(new_run_folder()) if main else None))
     context.run_folder = folder
     if main:
-        _describe_run(folder, options, options_path, context, splits, environment)
+        _describe_run(folder, options, options_path, context, splits, environment, architecture)
     loggers = open_loggers(run.loggers, folder, options.raw) if main else []
     trainer = Trainer(hypers, architecture, splits.info, environment, dtype, run.seed, loggers)
     try:
@@ -128,6 +128,7 @@ def _describe_run(
     context: RunContext,
     splits: Splits,
     environment: distributed.DistributedEnvironment,
+    architecture: architectures.Architecture,
 ) -> None:
     """The run folder's log and files, and the lines that say what this run learns and how."""
     setup_logging(folder / "train.log")
@@ -146,7 +147,6 @@ def _describe_run(
         ", ".join(chemical_symbols[z] for z in info.atomic_types),
     )
     LOGGER.info("learning %s", ", ".join(t.describe() for t in info.targets.values()))
-    architecture = architectures.load(options.run.architecture.name)
     weights = describe_weights(
         options.trainer_hypers.loss_hypers.weights, terms_of(info), architecture.loss_weights, architecture.name
     )
