@@ -9,10 +9,15 @@ degrees of the factors two by two with Clebsch-Gordan coefficients through every
 intermediate degree, symmetrising over the factors and keeping an orthonormal basis of
 what that spans. The weights of the basis functions are learned per element and channel.
 
-The monomials of A that the basis uses are built for every atom at once, one factor at a
-time, sharing the products of their first factors where that saves work. The weights are
+Each monomial of A that the basis uses is a prefix (its first ``correlation - 1`` factors)
+times a last factor. The prefixes are built for every atom at once, one factor at a time,
+sharing the products of their first factors where that saves work; the last factor is
+never multiplied out: one batched product per element contracts the prefixes with the
+weighted basis, laid out by (last factor, output component, prefix), and a weighted sum
+over the last factors gives the atoms' features. The monomials themselves, several times
+more numerous than the prefixes, are never stored, nor their gradients. The weights are
 contracted with the basis once per element and step, so that no per-atom copy of the basis
-is ever made, and one batched product per element gives its atoms' features.
+is ever made.
 
 No ``from __future__ import annotations`` here: TorchScript compiles :class:`SymmetricProduct`.
 """
@@ -75,12 +80,12 @@ def _multiplicity(indices: tuple) -> int:
 
 
 def _plan(padded: List[tuple], size: int, shared: bool) -> List[Tuple[List[Tuple[int, int]], bool]]:
-    """The levels that build the monomials ``padded`` (every one ``correlation`` factors
+    """The levels that build the products of components ``padded`` (each as many factors
     long) one factor at a time: for each level, (row of the level before, new factor) of
     each of its rows, and whether the rows of the level before must be gathered (they are
     the level's own order otherwise). Level 0 is the components (and the constant 1); the
-    last level is the monomials in their order. ``shared``: each level holds the distinct
-    prefixes only, computed once for every monomial that starts with them."""
+    last level is the products in their order. ``shared``: each level holds the distinct
+    prefixes only, computed once for every product that starts with them."""
     correlation = len(padded[0])
     plan = []
     if not shared:  # every monomial's prefix in its own row: level 1 is a gather of components
@@ -99,7 +104,7 @@ def _plan(padded: List[tuple], size: int, shared: bool) -> List[Tuple[List[Tuple
 
 
 def _cheaper_plan(padded: List[tuple], size: int) -> List[Tuple[List[Tuple[int, int]], bool]]:
-    """Shared prefixes save products where many monomials share them, and cost one more
+    """Shared prefixes save multiplications where many products share them, and cost one more
     gather per level where few do: the plan with fewer rows gathered and multiplied."""
 
     def row_operations(plan: List[Tuple[List[Tuple[int, int]], bool]]) -> int:
@@ -114,9 +119,13 @@ class SymmetricProduct(torch.nn.Module):
 
     A symmetric tensor U contracted with nu copies of A is a combination of the monomials
     A_i1 ... A_inu with i1 <= ... <= inu, each with the number of its distinct orderings:
-    the product is computed as those monomials (only the ones some basis function uses)
-    times each element's weighted basis, one batched product per element.
+    the product is the sum, over the monomials that some basis function uses, of each
+    element's weighted basis times the monomial's prefix times its last factor.
     """
+
+    # for TorchScript, which cannot infer the type of an empty list (no level: correlation 1 or 2)
+    level_sizes: List[int]
+    gathers_parents: List[bool]
 
     def __init__(self, max_l: int, out_l: int, correlation: int, channels: int, n_elements: int):
         super().__init__()
@@ -146,44 +155,63 @@ class SymmetricProduct(torch.nn.Module):
                 # each function's weight normalised to start of order one
                 combined[row] *= 3.0
                 row += 1
+        # each monomial (padded with a constant 1, component ``size``, to ``correlation``
+        # factors) is a prefix times a last factor; the basis is laid out by (last factor,
+        # output component, prefix), so that one batched product applies it to the prefixes
+        padded = [tuple(indices) + (size,) * (correlation - len(indices)) for indices in monomials]
+        prefixes = sorted({factors[:-1] or (size,) for factors in padded})
+        lasts = sorted({factors[-1] for factors in padded})
+        prefix_row = {prefix: row for row, prefix in enumerate(prefixes)}
+        last_row = {last: row for row, last in enumerate(lasts)}
+        by_last_factor = np.zeros((functions, len(lasts), outputs, len(prefixes)))
+        for column, factors in enumerate(padded):
+            prefix = prefix_row[factors[:-1] or (size,)]
+            by_last_factor[:, last_row[factors[-1]], :, prefix] += combined[:, column, :]
         self.channels = channels
         self.outputs = outputs
-        self.n_monomials = len(monomials)
-        # the monomials are built one factor at a time (padded with a constant 1, component
-        # ``size``): each level multiplies rows of the level before by one more factor
-        padded = [tuple(indices) + (size,) * (correlation - len(indices)) for indices in monomials]
-        plan = _cheaper_plan(padded, size)
-        self.level_sizes: List[int] = [len(level) for level, _ in plan]
-        self.gathers_parents: List[bool] = [gather for _, gather in plan]
+        self.n_lasts = len(lasts)
+        self.n_prefixes = len(prefixes)
+        # the prefixes are built one factor at a time: each level multiplies rows of the
+        # level before by one more factor
+        plan = _cheaper_plan(prefixes, size)
+        self.level_sizes = [len(level) for level, _ in plan]
+        self.gathers_parents = [gather for _, gather in plan]
         parents = [parent for level, _ in plan for parent, _ in level]
         new_factors = [factor for level, _ in plan for _, factor in level]
         self.register_buffer("parents", torch.tensor(parents, dtype=torch.long), persistent=False)
         self.register_buffer("new_factors", torch.tensor(new_factors, dtype=torch.long), persistent=False)
-        self.register_buffer("singles", torch.tensor([f[0] for f in padded], dtype=torch.long), persistent=False)
+        self.register_buffer("singles", torch.tensor([f[0] for f in prefixes], dtype=torch.long), persistent=False)
+        self.register_buffer("lasts", torch.tensor(lasts, dtype=torch.long), persistent=False)
         self.register_buffer(
-            "basis", torch.tensor(combined.reshape(functions, -1)).to(torch.get_default_dtype()), persistent=False
+            "basis",
+            torch.tensor(by_last_factor.reshape(functions, -1)).to(torch.get_default_dtype()),
+            persistent=False,
         )
         self.weights = torch.nn.Parameter(torch.randn(n_elements, functions, channels) / functions)
 
     def forward(self, basis: torch.Tensor, counts: List[int]) -> torch.Tensor:
         """``basis`` (components, channels, atoms), atoms sorted by element with ``counts``
         of each; returns (channels, (out_l + 1)^2, atoms) in the same order."""
-        # (channels, components, atoms): each factor of the monomials is a gather of rows of
+        # (channels, components, atoms): each factor of the prefixes is a gather of rows of
         # atoms, and the batched products' operands and gradients keep atoms innermost
         factors = torch.nn.functional.pad(basis.transpose(0, 1), (0, 0, 0, 1), value=1.0)
-        monomials = factors.index_select(1, self.singles) if len(self.level_sizes) == 0 else factors
+        prefixes = factors.index_select(1, self.singles) if len(self.level_sizes) == 0 else factors
         first = 0
         for size, gathers in zip(self.level_sizes, self.gathers_parents):
             if gathers:
-                monomials = monomials.index_select(1, self.parents[first : first + size])
-            monomials = monomials * factors.index_select(1, self.new_factors[first : first + size])
+                prefixes = prefixes.index_select(1, self.parents[first : first + size])
+            prefixes = prefixes * factors.index_select(1, self.new_factors[first : first + size])
             first += size
+        lasts = factors.index_select(1, self.lasts)
         outputs: List[torch.Tensor] = []
-        for element, own in enumerate(torch.split(monomials, counts, dim=2)):
+        per_element = zip(torch.split(prefixes, counts, dim=2), torch.split(lasts, counts, dim=2))
+        for element, (own, last) in enumerate(per_element):
             if counts[element] == 0:
                 continue
             weighted = (self.weights[element].t() @ self.basis.to(basis.dtype)).reshape(
-                self.channels, self.n_monomials, self.outputs
+                self.channels, self.n_lasts * self.outputs, self.n_prefixes
             )
-            outputs.append(torch.bmm(weighted.transpose(1, 2).contiguous(), own))
+            # (channels, last factors, outputs, atoms), summed over the last factors
+            per_last = torch.bmm(weighted, own).reshape(self.channels, self.n_lasts, self.outputs, -1)
+            outputs.append((per_last * last[:, :, None, :]).sum(1))
         return torch.cat(outputs, dim=2)  # (channels, outputs, atoms)
