@@ -159,7 +159,7 @@ class SymmetricProduct(torch.nn.Module):
         # factors) is a prefix times a last factor; the basis is laid out by (last factor,
         # output component, prefix), so that one batched product applies it to the prefixes
         padded = [tuple(indices) + (size,) * (correlation - len(indices)) for indices in monomials]
-        prefixes = sorted({factors[:-1] or (size,) for factors in padded})
+        prefixes = sorted({factors[:-1] or (size,) for factors in padded})  # correlation 1: the constant
         lasts = sorted({factors[-1] for factors in padded})
         prefix_row = {prefix: row for row, prefix in enumerate(prefixes)}
         last_row = {last: row for row, last in enumerate(lasts)}
