@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mtt.architectures import load
-from mtt.architectures.equivariant_mp.products import symmetric_basis
+from mtt.architectures.equivariant_mp.products import SymmetricProduct, symmetric_basis
 from mtt.architectures.spherical import SphericalHarmonics, clebsch_gordan, random_rotations, wigner_d
 from mtt.data.batching import compute_neighbor_lists, make_batch
 from mtt.data.dataset import DatasetInfo
@@ -87,6 +87,36 @@ def test_couplings_and_the_product_basis_are_equivariant():
     values = np.einsum("pijkm,i,j,k->pm", basis, a, a, a)
     turned = np.einsum("pijkm,i,j,k->pm", basis, d @ a, d @ a, d @ a)
     np.testing.assert_allclose(turned, values @ wigner_d(1, rotation).T, atol=1e-10)
+
+
+@pytest.mark.parametrize("max_l, out_l, correlation", [(2, 1, 3), (1, 1, 2), (1, 0, 1), (1, 1, 4), (3, 0, 3)])
+def test_the_product_is_the_contraction_of_its_symmetric_basis(max_l, out_l, correlation):
+    """However the product evaluates it (prefixes, last factors), each atom's features are
+    sum over nu and l of its element's weights times U_nu,l contracted with nu copies of A."""
+    channels, counts = 3, [4, 0, 5]
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the basis is built in the default dtype
+    try:
+        product = SymmetricProduct(max_l, out_l, correlation, channels, len(counts))
+    finally:
+        torch.set_default_dtype(default)
+    a = torch.randn((max_l + 1) ** 2, channels, sum(counts), dtype=torch.float64)
+    element = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    weights = product.weights.detach()[element]  # (atoms, functions, channels)
+    expected = torch.zeros(channels, (out_l + 1) ** 2, sum(counts), dtype=torch.float64)
+    function = 0
+    for nu in range(1, correlation + 1):
+        for l in range(out_l + 1):
+            for u in torch.tensor(symmetric_basis(max_l, nu, l)):
+                value = torch.einsum("i...,ica->...ca", u, a)
+                for _ in range(nu - 1):  # contract the next factor with A, for each channel and atom
+                    value = torch.einsum("i...ca,ica->...ca", value, a)
+                # each function's weight starts at order one: the module scales its basis by 3
+                expected[:, l * l : (l + 1) ** 2] += 3.0 * value.permute(1, 0, 2) * weights[:, function].T[:, None]
+                function += 1
+    assert function == product.weights.shape[1]
+    torch.testing.assert_close(product(a, counts), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_harmonics_are_orthonormal_polynomials():

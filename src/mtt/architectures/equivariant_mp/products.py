@@ -88,7 +88,7 @@ def _plan(padded: List[tuple], size: int, shared: bool) -> List[Tuple[List[Tuple
     prefixes only, computed once for every product that starts with them."""
     correlation = len(padded[0])
     plan = []
-    if not shared:  # every monomial's prefix in its own row: level 1 is a gather of components
+    if not shared:  # every product's prefix in its own row: level 1 is a gather of components
         for length in range(2, correlation + 1):
             parents = [factors[0] if length == 2 else row for row, factors in enumerate(padded)]
             plan.append(([(parent, factors[length - 1]) for parent, factors in zip(parents, padded)], length == 2))
