@@ -159,14 +159,15 @@ class SymmetricProduct(torch.nn.Module):
         # factors) is a prefix times a last factor; the basis is laid out by (last factor,
         # output component, prefix), so that one batched product applies it to the prefixes
         padded = [tuple(indices) + (size,) * (correlation - len(indices)) for indices in monomials]
-        prefixes = sorted({factors[:-1] or (size,) for factors in padded})  # correlation 1: the constant
-        lasts = sorted({factors[-1] for factors in padded})
+        # (prefix, last factor) of each monomial; correlation 1: the prefix is the constant
+        split = [(factors[:-1] or (size,), factors[-1]) for factors in padded]
+        prefixes = sorted({prefix for prefix, _ in split})
+        lasts = sorted({last for _, last in split})
         prefix_row = {prefix: row for row, prefix in enumerate(prefixes)}
         last_row = {last: row for row, last in enumerate(lasts)}
         by_last_factor = np.zeros((functions, len(lasts), outputs, len(prefixes)))
-        for column, factors in enumerate(padded):
-            prefix = prefix_row[factors[:-1] or (size,)]
-            by_last_factor[:, last_row[factors[-1]], :, prefix] += combined[:, column, :]
+        for column, (prefix, last) in enumerate(split):
+            by_last_factor[:, last_row[last], :, prefix_row[prefix]] += combined[:, column, :]
         self.channels = channels
         self.outputs = outputs
         self.n_lasts = len(lasts)
