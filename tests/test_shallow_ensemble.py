@@ -195,7 +195,7 @@ def test_export_calibrate_and_finetuning_keep_the_members(tmp_path):
     # without shallow_ensemble: a model of its own, with an ensemble sampled from its posterior
     plain = tmp_path / "plain"
     result = _train(plain, SMALL_SOAP, f"{{batch_size: 8, num_epochs: 1, finetune: {checkpoint}}}")
-    assert "an ensemble of 16 sampled from it" in " ".join(result.stdout.split())
+    assert "an ensemble of 16 sampled from the posterior of the energies and forces" in " ".join(result.stdout.split())
     assert not any(name.startswith("shallow_ensemble.") for name in _checkpoint(plain)["best_model_state"])
     assert len(_ensemble(plain / "model.pt")["atoms"]["energy_ensemble"]) == 16
 

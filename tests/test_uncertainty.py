@@ -56,7 +56,8 @@ def _uncertainties(model: Path) -> dict:
             sys.exit(0)
 
         def run(atoms, names):
-            kinds = {{"energy": "system", "energy_uncertainty": "system", "energy_uncertainty@atom": "atom"}}
+            kinds = {{"energy": "system", "energy_uncertainty": "system", "energy_uncertainty@atom": "atom",
+                      "energy_ensemble": "system"}}
             requests = {{n.split("@")[0]: ModelOutput(unit="eV", sample_kind=kinds[n]) for n in names}}
             result = calculator.run_model(atoms, requests)
             return {{n: result[n].block().values.detach().numpy().ravel().tolist() for n in result}}
@@ -75,6 +76,7 @@ def _uncertainties(model: Path) -> dict:
             "moved atoms": run(moved, ["energy_uncertainty@atom"])["energy_uncertainty"],
             "energy alone": run(atoms, ["energy"])["energy"],
             "both": run(atoms, ["energy", "energy_uncertainty"]),
+            "ensemble": run(atoms, ["energy", "energy_ensemble"]),
             "atoms": run(atoms, ["energy_uncertainty@atom"])["energy_uncertainty"],
             "rotated": run(rotated, ["energy_uncertainty"])["energy_uncertainty"],
             "rattled": run(rattled, ["energy_uncertainty"])["energy_uncertainty"],
@@ -105,6 +107,10 @@ def test_training_fits_an_uncertainty_that_leaves_mtt(trained):
     # site is less certain than it was
     assert 1 / 4 < np.sqrt(np.sum(np.square(figures["atoms"]))) / structure < 4
     assert figures["moved atoms"][1] > 1.2 * figures["atoms"][1]
+    # the sampled members spread around the model's own energy: their mean is it
+    members, (energy,) = figures["ensemble"]["energy_ensemble"], figures["ensemble"]["energy"]
+    assert len(members) == 16 and np.std(members) > 0
+    assert np.mean(members) == pytest.approx(energy, abs=1e-9 * np.std(members) * len(members) + 1e-12)
     assert figures["rotated"][0] == pytest.approx(structure, rel=1e-6)
     # a structure far from the training data is less certain
     assert figures["rattled"][0] > structure
@@ -149,9 +155,10 @@ def _force_uncertainties(model: Path) -> dict:
 
 def test_force_uncertainty_from_the_exported_ensemble(trained, tmp_path):
     folder, stdout = trained
-    assert "an ensemble of 16 sampled from it, its spread calibrated on the validation forces" in " ".join(
-        stdout.split()
-    )
+    # with forces, the members are sampled from the posterior of the energies and forces
+    summary = " ".join(stdout.split())
+    assert "an ensemble of 16 sampled from the posterior of the energies and forces (forces' share" in summary
+    assert "its spread calibrated on the validation forces" in summary
     figures = _force_uncertainties(folder / "model.pt")
     assert not figures["mtt imported"]
     # the calculator's forces are metatomic's; the uncertainty is invariant, larger far from the data

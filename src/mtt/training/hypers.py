@@ -173,9 +173,10 @@ class TrainerHypers:
     )
     uncertainty_ensemble_size: int = option(
         16,
-        "Members of the ensemble sampled from the last-layer posterior with the uncertainty, exported as "
-        "energy_ensemble: its members' forces give the force uncertainty (calibrated on the validation "
-        "forces when the run trains forces). Each member costs a backward pass where forces are asked.",
+        "Members of the ensemble sampled from the last-layer posterior with the uncertainty (of the energies "
+        "and forces both when the run trains forces), exported as energy_ensemble: its members' forces give "
+        "the force uncertainty (calibrated on the validation forces when the run trains forces). Each member "
+        "costs a backward pass where forces are asked.",
     )
     shallow_ensemble: Optional[ShallowEnsembleHypers] = option(
         None,

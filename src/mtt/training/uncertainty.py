@@ -13,18 +13,25 @@ atoms' features, regularised and scaled by the same likelihood, with a structure
 variance taken as the sum of its atoms' (the structures' posterior leaves an atom's share
 of the energy unconstrained where sums over a structure's atoms hardly vary).
 
-The ensemble is sampled from that posterior: last-layer weight deviations ``A @ z`` with
-``A = (C + r I)^-1/2`` and ``z`` standard normal, the same on every rank (seeded).
-Its spread is scaled, by the same likelihood, to the validation forces' errors when the
-run has forces (what an MD needs), else to the energies' as the uncertainty is. A model
-trained with a shallow ensemble has its trained members instead of sampled ones, their
-spread scaled the same way (on the energies, by the members' own variance).
+The ensemble, whose members' forces give the force uncertainty, is sampled from a
+posterior: last-layer weight deviations ``A @ z`` with ``A = (P + r I)^-1/2`` and ``z``
+of identity covariance (seeded: the same on every rank). Without forces ``P`` is ``C``;
+with forces it is the precision of the energies and forces both, ``C`` plus a share of
+the training forces' Gram matrix of feature Jacobians, the share and ``r`` chosen by the
+likelihood of the validation force errors under the posterior's variances. The energies'
+posterior alone leaves the directions the forces constrained loose and ranks the force
+errors poorly. The spread is then scaled, by the same likelihood, to the validation
+forces' errors when the run has forces (what an MD needs), else to the energies' as the
+uncertainty is. A model trained with a shallow ensemble has its trained members instead
+of sampled ones, their spread scaled the same way (on the energies, by the members' own
+variance).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +46,8 @@ from .trainer import Trainer
 
 #: regularisations tried, times the mean eigenvalue of the covariance
 REGULARISATIONS = [10.0**k for k in range(-10, 2)]
+#: shares of the forces in the posterior the ensemble is sampled from, tried
+FORCE_SHARES = [0.0, 0.001, 0.01, 0.1, 0.5, 0.9]
 
 
 @dataclass
@@ -54,6 +63,9 @@ class UncertaintyFit:
     members: int = 0  # of the ensemble
     on_forces: bool = False  # whether the ensemble's spread was calibrated on forces
     trained_members: bool = False  # a shallow ensemble's, rather than sampled from the posterior
+    force_share: float | None = None  # of the posterior the ensemble was sampled from
+    force_regularisation: float | None = None
+    force_nll: float = math.nan  # per validation force component, summed over the energy outputs
 
     def describe(self) -> str:
         if not self.factors:
@@ -71,7 +83,13 @@ class UncertaintyFit:
     def describe_ensemble(self) -> str:
         if self.trained_members:
             return f"the ensemble: the shallow ensemble of {self.members} trained members"
-        return f"an ensemble of {self.members} sampled from it"
+        if self.force_share is None:
+            return f"an ensemble of {self.members} sampled from it"
+        return (
+            f"an ensemble of {self.members} sampled from the posterior of the energies and forces "
+            f"(forces' share {self.force_share:g}, regularisation {self.force_regularisation:g}, "
+            f"NLL {self.force_nll:.3g} per validation force component)"
+        )
 
 
 def energy_columns(model: torch.nn.Module) -> dict[str, int]:
@@ -260,22 +278,13 @@ def fit_uncertainty(
     local_relative = REGULARISATIONS[local_best]
     relative = REGULARISATIONS[best]
     inverse = (vectors / (eigenvalues + relative * scale)) @ vectors.T
-    trained = has_shallow_ensemble(model)
-    if trained:  # the members trained with the model, in energy per feature
-        directions = [trained_directions(model, column) for column in columns.values()]
-        size = directions[0].shape[1]
-    else:
-        size = trainer.hypers.uncertainty_ensemble_size
-        generator = torch.Generator().manual_seed(trainer.seed)
-        normal = torch.randn((len(eigenvalues), size), generator=generator, dtype=torch.float64)
-        # the symmetric square root of the inverse: unlike the eigenvectors themselves, it does
-        # not depend on the basis eigh picks in a degenerate subspace, so every rank has the same
-        root = (vectors / torch.sqrt(eigenvalues + relative * scale)) @ vectors.T
-        directions = [root @ normal] * len(columns)  # unit-scale members, the same for every output
-    force_sums = environment.all_reduce_sum(_force_spread_sums(trainer, model, validation, columns, directions))
+    energies = (eigenvalues, vectors, scale, relative)
+    ensemble = _fit_ensemble(trainer, model, train, validation, columns, covariance, energies)
     factors = best_factors or [0.0] * len(columns)
-    if trained:  # without forces, the spread that fits the energies is the members' own
-        energy_sums = environment.all_reduce_sum(_energy_spread_sums(rows, errors, present, directions))
+    on_forces = bool((ensemble.spread_sums[:, 1] > 0).any())
+    if ensemble.trained and not on_forces:
+        # without forces, the spread that fits the energies is the members' own
+        ensemble.spread_sums = environment.all_reduce_sum(_energy_spread_sums(rows, errors, present, ensemble.members))
     with torch.no_grad():
         model.uncertainty.inverse.copy_(inverse)
         model.uncertainty.factors.zero_()
@@ -285,15 +294,14 @@ def fit_uncertainty(
         model.uncertainty.local_factors.zero_()
         for column, factor in zip(columns.values(), local_factors or []):
             model.uncertainty.local_factors[column] = factor
-        ensemble = torch.zeros((model.n_columns, len(eigenvalues), size), dtype=torch.float64)
+        size = ensemble.members[0].shape[1]
+        members = torch.zeros((model.n_columns, len(eigenvalues), size), dtype=torch.float64)
         for c, (column, factor) in enumerate(zip(columns.values(), factors)):
             model.uncertainty.factors[column] = factor
-            ratio, n = force_sums[c].tolist()
-            if trained and not (n > 0 and ratio > 0):
-                ratio, n = energy_sums[c].tolist()
+            ratio, n = ensemble.spread_sums[c].tolist()
             spread = math.sqrt(ratio / n) if n > 0 and ratio > 0 and factor > 0 else factor
-            ensemble[column] = spread * directions[c]
-        model.uncertainty.ensemble = ensemble.to(model.uncertainty.inverse.device)
+            members[column] = spread * ensemble.members[c]
+        model.uncertainty.ensemble = members.to(model.uncertainty.inverse.device)
     return UncertaintyFit(
         time.monotonic() - started,
         covariance.shape[0],
@@ -302,48 +310,179 @@ def fit_uncertainty(
         {name.removeprefix("mtt::"): factor for name, factor in zip(columns, best_factors or [])},
         best_nll if best_factors else math.nan,
         size,
-        bool((force_sums[:, 1] > 0).any()),
-        trained,
+        on_forces,
+        ensemble.trained,
+        ensemble.force_share,
+        ensemble.force_regularisation,
+        ensemble.force_nll,
     )
 
 
-def _force_spread_sums(
+@dataclass
+class FittedEnsemble:
+    """The ensemble before its spread is scaled: every energy output's unit-scale members
+    (features, members), and this set's sums for the spread (see :func:`_force_sums`)."""
+
+    members: list[torch.Tensor]
+    spread_sums: torch.Tensor  # (outputs, 2)
+    trained: bool
+    force_share: float | None = None  # of the posterior sampled, when chosen on forces
+    force_regularisation: float | None = None
+    force_nll: float = math.nan  # per validation force component
+
+
+def _fit_ensemble(
     trainer: Trainer,
     model: torch.nn.Module,
-    structures: StructureSet,
+    train: StructureSet,
+    validation: StructureSet,
     columns: dict[str, int],
-    directions: list[torch.Tensor],
-) -> torch.Tensor:
-    """This rank's part, per energy output, of the sum over the set's force components of
-    error**2 / (the unit-scale ensemble's variance), and their count: the ensemble's
-    spread that fits the force errors best (Gaussian likelihood) is ``sqrt(sum / count)``.
-    ``directions``: each output's members, (features, members)."""
-    sums = torch.zeros((len(columns), 2), dtype=torch.float64)
+    covariance: torch.Tensor,
+    energies: tuple[torch.Tensor, torch.Tensor, float, float],
+) -> FittedEnsemble:
+    """A shallow ensemble's trained members, or members sampled from the last-layer
+    posterior. With forces, that posterior is the one of the energies and the forces both
+    (what training fitted), ``(1 - s) C + s G tr(C) / tr(G)`` with ``G`` the training
+    forces' sum of ``j j^T``: of the forces' shares ``s`` and regularisations, the one whose
+    variances give the validation force errors the highest likelihood; else the energies'
+    (``energies``: eigenvalues, eigenvectors, mean eigenvalue, regularisation)."""
+    environment = trainer.environment
+    if has_shallow_ensemble(model):
+        members = [trained_directions(model, column) for column in columns.values()]
+        _, spread = _force_sums(trainer, model, validation, columns, [], [members])
+        return FittedEnsemble(members, environment.all_reduce_sum(spread)[0], trained=True)
+    generator = torch.Generator().manual_seed(trainer.seed)
+    normal = _centred_normal(covariance.shape[0], trainer.hypers.uncertainty_ensemble_size, generator)
+    eigenvalues, vectors, scale, relative = energies
+    fallback = FittedEnsemble(
+        [_root(eigenvalues, vectors, relative * scale) @ normal] * len(columns),
+        torch.zeros((len(columns), 2), dtype=torch.float64),
+        trained=False,
+    )
     if not trainer.info.needs_forces:
-        return sums
+        return fallback
+    gram = environment.all_reduce_sum(_force_gram(trainer, model, train, columns))
+    if float(gram.trace()) <= 0:
+        return fallback
+    weight = float(covariance.trace()) / float(gram.trace())
+    posteriors = [_eigen((1 - share) * covariance + share * weight * gram) for share in FORCE_SHARES]
+    ensembles = [
+        [_root(values, basis, relative * mean) @ normal] * len(columns)
+        for values, basis, mean in posteriors
+        for relative in REGULARISATIONS
+    ]
+    likelihood, spread = _force_sums(trainer, model, validation, columns, posteriors, ensembles)
+    likelihood, spread = environment.all_reduce_sum(likelihood), environment.all_reduce_sum(spread)
+    chosen, chosen_nll = None, math.inf
+    for p in range(len(posteriors)):
+        k, factors, nll = _most_likely(likelihood[p])
+        if factors is not None and nll < chosen_nll:
+            chosen, chosen_nll = (p, k), nll
+    if chosen is None:
+        return fallback
+    p, k = chosen
+    index = p * len(REGULARISATIONS) + k
+    return FittedEnsemble(ensembles[index], spread[index], False, FORCE_SHARES[p], REGULARISATIONS[k], chosen_nll)
+
+
+def _root(eigenvalues: torch.Tensor, vectors: torch.Tensor, regularisation: float) -> torch.Tensor:
+    """The symmetric square root of the regularised inverse: unlike the eigenvectors
+    themselves, it does not depend on the basis eigh picks in a degenerate subspace, so
+    every rank has the same."""
+    return (vectors / torch.sqrt(eigenvalues + regularisation)) @ vectors.T
+
+
+def _force_jacobians(
+    trainer: Trainer, model: torch.nn.Module, structures: StructureSet, columns: dict[str, int]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per batch of a set: the Jacobian of each structure's summed last-layer features
+    against its atoms' positions, one row per force component (components, features); each
+    energy output's force errors (components, outputs) and whether each has a reference.
+    Float64, on the CPU. One backward pass a feature."""
     model.eval()
     for read in trainer.loader(structures, model).batches(trainer.set_batches(structures)):
         batch = trainer.batch(read)
         flat, positions = batch.flat, batch.positions[0]
+        components = 3 * len(positions)
+        errors, present = [], []
         with blame_architecture(trainer.architecture):
             raw, features = model.per_atom_outputs_and_features(flat)
             per_atom = model.composition(flat.types, raw)
-            for c, (name, column) in enumerate(columns.items()):
-                reference = batch.forces.get(name.removeprefix("mtt::"))
+            # a structure's features depend on its atoms alone: one sum over the batch will do
+            jacobian = member_gradients(features.sum(0, keepdim=True), [positions])[0]
+            for name, column in columns.items():
+                target = name.removeprefix("mtt::")
+                reference = batch.forces.get(target)
                 if reference is None:
+                    errors.append(torch.zeros(components, dtype=torch.float64))
+                    present.append(torch.zeros(components, dtype=torch.bool))
                     continue
-                deviations = features.double() @ directions[c].to(features.device)  # (atoms, members)
                 predicted = -torch.autograd.grad(per_atom[:, column].sum(), positions, retain_graph=True)[0]
-                # a structure's forces depend on its atoms alone: one sum over the batch will do
-                variance = member_gradients(deviations.sum(0, keepdim=True), [positions])[0].double().var(0)
-                has = batch.present.get((name.removeprefix("mtt::"), "forces"))
-                mask = variance > 0
-                if has is not None:
-                    mask &= has[flat.structure][:, None]
-                error = predicted.double() - reference.double()
-                sums[c, 0] += float((error[mask] ** 2 / variance[mask]).sum().cpu())
-                sums[c, 1] += float(mask.sum())
-    return sums
+                errors.append((predicted.double() - reference.double()).reshape(-1).cpu())
+                has = batch.present.get((target, "forces"))
+                has = torch.ones(len(positions), dtype=torch.bool) if has is None else has[flat.structure].cpu()
+                present.append(has.repeat_interleave(3))
+        yield jacobian.double().reshape(len(jacobian), -1).T.cpu(), torch.stack(errors, 1), torch.stack(present, 1)
+
+
+def _force_gram(
+    trainer: Trainer, model: torch.nn.Module, structures: StructureSet, columns: dict[str, int]
+) -> torch.Tensor:
+    """This rank's sum of ``j j^T`` over the set's force components with a reference (``j``
+    a row of the features' Jacobian): what the training forces tell of the last layer."""
+    width = model.uncertainty.inverse.shape[0]
+    gram = torch.zeros((width, width), dtype=torch.float64)
+    for jacobian, _, present in _force_jacobians(trainer, model, structures, columns):
+        rows = jacobian[present.any(1)]
+        gram += rows.T @ rows
+    return gram
+
+
+def _force_sums(
+    trainer: Trainer,
+    model: torch.nn.Module,
+    structures: StructureSet,
+    columns: dict[str, int],
+    posteriors: list[tuple[torch.Tensor, torch.Tensor, float]],
+    ensembles: list[list[torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's sums over the set's force components, per energy output: for each
+    posterior (eigenvalues, eigenvectors, mean eigenvalue), those of
+    :func:`_likelihood_sums` with ``v`` a component's variance under it; for each ensemble
+    (every output's unit-scale members, (features, members)), error**2 / (the members'
+    variance) and the count, whose ratio is the square of the spread that fits best."""
+    likelihood = torch.zeros((len(posteriors), len(REGULARISATIONS), len(columns), 3), dtype=torch.float64)
+    spread = torch.zeros((len(ensembles), len(columns), 2), dtype=torch.float64)
+    if not trainer.info.needs_forces:
+        return likelihood, spread
+    for jacobian, errors, present in _force_jacobians(trainer, model, structures, columns):
+        for p, (eigenvalues, vectors, scale) in enumerate(posteriors):
+            projected = (jacobian @ vectors) ** 2
+            likelihood[p] += _likelihood_sums(projected, eigenvalues, scale, errors, present)
+        for e, members in enumerate(ensembles):
+            for c, unit in enumerate(members):
+                variance = (jacobian @ unit).var(1)
+                mask = present[:, c] & (variance > 0)
+                spread[e, c, 0] += float((errors[mask, c] ** 2 / variance[mask]).sum())
+                spread[e, c, 1] += float(mask.sum())
+    return likelihood, spread
+
+
+def _centred_normal(features: int, members: int, generator: torch.Generator) -> torch.Tensor:
+    """(features, members) draws to scale into an ensemble: their sample covariance over
+    the members is the identity in expectation, like independent standard normals', but
+    along ``members - 1`` orthonormal random directions, which makes it less noisy, and the
+    members sum to exactly zero, so that the ensemble's mean is the model's own prediction."""
+    rotations = [
+        torch.linalg.qr(torch.randn((features, features), generator=generator, dtype=torch.float64))[0]
+        for _ in range(-(-(members - 1) // features))
+    ]
+    directions = torch.cat(rotations, 1)[:, : members - 1]
+    # an orthonormal basis of the members' zero-sum vectors, in random orientation
+    start = torch.cat([torch.ones((members, 1), dtype=torch.float64),
+                       torch.randn((members, members - 1), generator=generator, dtype=torch.float64)], 1)  # fmt: skip
+    zero_sum = torch.linalg.qr(start)[0][:, 1:]
+    return math.sqrt(features) * directions @ zero_sum.T
 
 
 def _energy_spread_sums(
@@ -351,7 +490,7 @@ def _energy_spread_sums(
 ) -> torch.Tensor:
     """This rank's part, per energy output, of the sum over the set's structures of
     error**2 / (the unit-scale ensemble's variance of their energies), and their count:
-    :func:`_force_spread_sums` for the energies of a run without forces."""
+    :func:`_force_sums` for the energies of a run without forces."""
     sums = torch.zeros((len(directions), 2), dtype=torch.float64)
     for c, members in enumerate(directions):
         variance = (rows @ members).var(1)
