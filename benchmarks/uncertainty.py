@@ -19,12 +19,14 @@ last-layer posterior. Then the cost in ASE MD, in a fresh process each, the
 cases alternating: steps/s of metatomic's calculator with ``uncertainty_threshold=None``
 (energy only), with its default (it requests the per-atom ``energy_uncertainty`` at every
 step when a model declares it), and of ``examples/ensemble_calculator.py`` (energy, forces
-and the forces of the 16 members, the force uncertainty); and the fit's own cost.
+and the forces of the 16 members, the force uncertainty), single-threaded (on a molecule of
+nine atoms a second thread adds more noise than speed); and the fit's own cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -64,6 +66,7 @@ def systems():
     yield atoms, {steps}
 """
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def write_sets(seed: int = 0, folder: Path = WORK) -> dict[str, Path]:
@@ -223,7 +226,7 @@ def main() -> None:
                     structure=str(paths["held_out"]), model=str(model), extensions=extensions,
                     calculator=calculator, extra=extra, steps=args.steps, examples=str(EXAMPLES),
                 )  # fmt: skip
-                rates[case].extend(ase_md_rates(setup, warmup=30))
+                rates[case].extend(ase_md_rates(setup, warmup=30, env=ONE_THREAD))
         only = rates["energy only"]
         row = [architecture, spread(only, "{:.0f}".format)]
         for case in ("with energy_uncertainty (default)", "force ensemble"):

@@ -211,6 +211,13 @@ def test_uncertainty_can_be_turned_off(tmp_path):
     assert "energy_uncertainty" not in _uncertainties(tmp_path / "model.pt")["outputs"]
 
 
+def test_the_ensemble_can_be_drawn_from_the_energies_posterior_alone(tmp_path):
+    training = "{batch_size: 8, num_epochs: 1, uncertainty_forces: false}"
+    summary = " ".join(_train(tmp_path, SMALL_SOAP, training).stdout.split())
+    assert "an ensemble of 16 sampled from it, its spread calibrated on the validation forces" in summary
+    assert "posterior of the energies and forces" not in summary
+
+
 def test_uncertainty_asked_of_an_architecture_without_features_is_refused(tmp_path):
     options = write_options(tmp_path, emt_options("name: composition", "{num_epochs: 1, uncertainty: true}"))
     result = run_mtt("train", str(options), cwd=tmp_path)

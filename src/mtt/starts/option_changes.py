@@ -34,6 +34,7 @@ MAY_CHANGE = {
     "architecture.training.num_workers": "processes reading batches (the numbers stay the same)",
     "architecture.training.uncertainty": "whether uncertainties are fitted after training",
     "architecture.training.uncertainty_ensemble_size": "members of the ensemble fitted after training",
+    "architecture.training.uncertainty_forces": "the posterior the ensemble is drawn from after training",
     "distributed": "the launch: ranks, port and timeout",
     "device": "the device",
     "logger": "where the metrics are also logged",

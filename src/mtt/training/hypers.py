@@ -178,6 +178,13 @@ class TrainerHypers:
         "the force uncertainty (calibrated on the validation forces when the run trains forces). Each member "
         "costs a backward pass where forces are asked.",
     )
+    uncertainty_forces: bool = option(
+        True,
+        "For a run that trains forces, draw the ensemble from the last-layer posterior of the energies and "
+        "forces (one backward pass per last-layer feature over the training and validation sets), which "
+        "ranks the force errors better; false: from the energies' posterior (no pass over the training set's "
+        "Jacobians: a cheaper fit for large training sets).",
+    )
     shallow_ensemble: Optional[ShallowEnsembleHypers] = option(
         None,
         "Train a shallow ensemble with the model: {members, loss: nll | crps, weight, forces}. The members "

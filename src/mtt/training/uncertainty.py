@@ -344,8 +344,9 @@ def _fit_ensemble(
     posterior. With forces, that posterior is the one of the energies and the forces both
     (what training fitted), ``(1 - s) C + s G tr(C) / tr(G)`` with ``G`` the training
     forces' sum of ``j j^T``: of the forces' shares ``s`` and regularisations, the one whose
-    variances give the validation force errors the highest likelihood; else the energies'
-    (``energies``: eigenvalues, eigenvectors, mean eigenvalue, regularisation)."""
+    variances give the validation force errors the highest likelihood; else, or with
+    ``uncertainty_forces: false``, the energies' (``energies``: eigenvalues, eigenvectors,
+    mean eigenvalue, regularisation)."""
     environment = trainer.environment
     if has_shallow_ensemble(model):
         members = [trained_directions(model, column) for column in columns.values()]
@@ -354,16 +355,17 @@ def _fit_ensemble(
     generator = torch.Generator().manual_seed(trainer.seed)
     normal = _centred_normal(covariance.shape[0], trainer.hypers.uncertainty_ensemble_size, generator)
     eigenvalues, vectors, scale, relative = energies
-    fallback = FittedEnsemble(
-        [_root(eigenvalues, vectors, relative * scale) @ normal] * len(columns),
-        torch.zeros((len(columns), 2), dtype=torch.float64),
-        trained=False,
-    )
-    if not trainer.info.needs_forces:
-        return fallback
+    energies_members = [_root(eigenvalues, vectors, relative * scale) @ normal] * len(columns)
+
+    def energies_posterior() -> FittedEnsemble:
+        _, spread = _force_sums(trainer, model, validation, columns, [], [energies_members])
+        return FittedEnsemble(energies_members, environment.all_reduce_sum(spread)[0], trained=False)
+
+    if not (trainer.info.needs_forces and trainer.hypers.uncertainty_forces):
+        return energies_posterior()
     gram = environment.all_reduce_sum(_force_gram(trainer, model, train, columns))
     if float(gram.trace()) <= 0:
-        return fallback
+        return energies_posterior()
     weight = float(covariance.trace()) / float(gram.trace())
     posteriors = [_eigen((1 - share) * covariance + share * weight * gram) for share in FORCE_SHARES]
     ensembles = [
@@ -379,7 +381,7 @@ def _fit_ensemble(
         if factors is not None and nll < chosen_nll:
             chosen, chosen_nll = (p, k), nll
     if chosen is None:
-        return fallback
+        return energies_posterior()
     p, k = chosen
     index = p * len(REGULARISATIONS) + k
     return FittedEnsemble(ensembles[index], spread[index], False, FORCE_SHARES[p], REGULARISATIONS[k], chosen_nll)
