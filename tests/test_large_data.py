@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -285,19 +286,27 @@ def test_an_element_of_a_streamed_validation_set_that_training_lacks(tmp_path):
 
 def test_conversion_stopped_by_ctrl_c_leaves_nothing(tmp_path):
     frames = ase.io.read(EMT_DATA, ":")
-    # enough structures that filling the partial folder outlasts the wait for it to appear
-    ase.io.write(tmp_path / "many.xyz", frames * 100)
     write_options(tmp_path, DATASET.replace(str(EMT_DATA), "many.xyz"), "dataset.yaml")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mtt", "data", "convert", "dataset.yaml", "-o", "many"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".many.mttdata.partial-*")) and time.monotonic() < deadline:
-        time.sleep(0.002)
+    # the signal must come while the partial folder is being filled: a conversion that ended
+    # before this process saw the folder (a loaded machine can hold it back for seconds)
+    # is run again, ten times longer
+    for copies in (100, 1000):
+        ase.io.write(tmp_path / "many.xyz", frames * copies)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mtt", "data", "convert", "dataset.yaml", "-o", "many"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while process.poll() is None and not list(tmp_path.glob(".many.mttdata.partial-*")):
+            assert time.monotonic() < deadline, "the conversion never started writing"
+            time.sleep(0.002)
+        if process.poll() is None:
+            break
+        process.communicate()
+        shutil.rmtree(tmp_path / "many.mttdata", ignore_errors=True)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
