@@ -380,8 +380,8 @@ def _fit_ensemble(
         k, factors, nll = _most_likely(likelihood[p])
         if factors is not None and nll < chosen_nll:
             chosen, chosen_nll = (p, k), nll
-    if chosen is None:
-        return energies_posterior()
+    if chosen is None:  # no validation forces: the members' spread has nothing to fit either
+        return FittedEnsemble(energies_members, torch.zeros_like(spread[0]), trained=False)
     p, k = chosen
     index = p * len(REGULARISATIONS) + k
     return FittedEnsemble(ensembles[index], spread[index], False, FORCE_SHARES[p], REGULARISATIONS[k], chosen_nll)
