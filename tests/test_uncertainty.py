@@ -153,6 +153,43 @@ def _force_uncertainties(model: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def test_the_training_forces_gram_matrix_is_sketched_close_to_its_sum(trained, monkeypatch):
+    """The training forces' sum of ``j j^T`` over all force components (one backward pass a
+    feature) and its estimate from a few random displacements of each structure, which the
+    fit uses: close on this small set, and closer with more displacements (unbiased)."""
+    from mtt import distributed
+    from mtt.config import load_options
+    from mtt.data.batching import compute_neighbor_lists
+    from mtt.data.dataset import load_splits
+    from mtt.export import model_from_state
+    from mtt.training import uncertainty
+    from mtt.training.state import TrainingState
+    from mtt.training.trainer import Trainer
+
+    folder, _ = trained
+    options = load_options(str(folder / "options.yaml"), [])
+    (checkpoint,) = folder.glob("outputs/*/*/model.ckpt")
+    model, _, architecture = model_from_state(TrainingState.load(str(checkpoint)))
+    dtype = next(v.dtype for v in model.state_dict().values() if v.is_floating_point())
+    splits = load_splits(options.raw, folder, options.run.seed)
+    compute_neighbor_lists(splits.train.structures, model.requested_neighbor_lists())
+    environment = distributed.setup(False, options.run.distributed.port, 60, "cpu")
+    trainer = Trainer(options.trainer_hypers, architecture, splits.info, environment, dtype, options.run.seed)
+    assert trainer.info.needs_forces
+    columns = uncertainty.energy_columns(model)
+    exact = 0
+    for jacobian, _, present in uncertainty._force_jacobians(trainer, model, splits.train, columns):
+        exact = exact + jacobian[present.any(1)].T @ jacobian[present.any(1)]
+    assert float(exact.trace()) > 0
+    errors = []
+    for probes in (uncertainty.FORCE_PROBES, 128):
+        monkeypatch.setattr(uncertainty, "FORCE_PROBES", probes)
+        sketched = uncertainty._force_gram(trainer, model, splits.train, columns)
+        errors.append(float(torch.linalg.norm(sketched - exact) / torch.linalg.norm(exact)))
+    trainer.close()
+    assert errors[0] < 0.2 and errors[1] < 0.05, errors
+
+
 def test_force_uncertainty_from_the_exported_ensemble(trained, tmp_path):
     folder, stdout = trained
     # with forces, the members are sampled from the posterior of the energies and forces

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ..architectures import blame_architecture
+from ..data.batching import Batch
 from ..data.structure_sets import StructureSet
 from ..errors import OptionsError
 from .hypers import TrainerHypers
@@ -48,6 +49,8 @@ from .trainer import Trainer
 REGULARISATIONS = [10.0**k for k in range(-10, 2)]
 #: shares of the forces in the posterior the ensemble is sampled from, tried
 FORCE_SHARES = [0.0, 0.001, 0.01, 0.1, 0.5, 0.9]
+#: random displacements per training structure for the forces' Gram matrix (see :func:`_force_gram`)
+FORCE_PROBES = 8
 
 
 @dataclass
@@ -430,14 +433,53 @@ def _force_jacobians(
 def _force_gram(
     trainer: Trainer, model: torch.nn.Module, structures: StructureSet, columns: dict[str, int]
 ) -> torch.Tensor:
-    """This rank's sum of ``j j^T`` over the set's force components with a reference (``j``
-    a row of the features' Jacobian): what the training forces tell of the last layer."""
+    """This rank's estimate of the sum of ``j j^T`` over the set's force components with a
+    reference (``j`` a row of the Jacobian ``J`` of a structure's summed last-layer features
+    against its positions): what the training forces tell of the last layer.
+
+    Sketched: ``(J r)(J r)^T`` averaged over :data:`FORCE_PROBES` random displacements ``r``
+    of each structure (every component +-1, so ``E[r r^T] = I``) is unbiased, and summed over
+    a training set as close to the exact sum as the posterior needs, at a few backward
+    passes a batch instead of one a feature. ``J r`` is the derivative, along ``r``, of
+    ``J^T u`` against ``u``: a second backward pass, which every architecture that trains
+    on forces has. The displacements depend on the seed and the structure's index alone,
+    so any number of ranks sum the same."""
+    model.eval()
     width = model.uncertainty.inverse.shape[0]
     gram = torch.zeros((width, width), dtype=torch.float64)
-    for jacobian, _, present in _force_jacobians(trainer, model, structures, columns):
-        rows = jacobian[present.any(1)]
-        gram += rows.T @ rows
+    items = trainer.set_batches(structures)
+    for indices, read in zip(items, trainer.loader(structures, model).batches(items)):
+        batch = trainer.batch(read)
+        flat, positions = batch.flat, batch.positions[0]
+        with blame_architecture(trainer.architecture):
+            features = model.per_atom_outputs_and_features(flat)[1]
+            cotangent = torch.zeros_like(features, requires_grad=True)
+            pulled = torch.autograd.grad(features, positions, cotangent, create_graph=True)[0]
+            displacements = [_displacements(trainer.seed, index, len(s.types)) for index, s in zip(indices, read)]
+            kept = _has_forces(batch, columns)
+            for probe in torch.cat(displacements).to(positions).unbind(-1):
+                along = torch.autograd.grad(pulled, cotangent, probe, retain_graph=True)[0].detach().double().cpu()
+                summed = torch.zeros((flat.n_structures, width), dtype=torch.float64)
+                summed = summed.index_add(0, flat.structure.cpu(), along)[kept]
+                gram += summed.T @ summed / FORCE_PROBES
     return gram
+
+
+def _displacements(seed: int, index: int, atoms: int) -> torch.Tensor:
+    """(atoms, 3, probes) of +-1: the random displacements of one structure for the sketch."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    return torch.randint(0, 2, (atoms, 3, FORCE_PROBES), generator=generator, dtype=torch.float64) * 2 - 1
+
+
+def _has_forces(batch: Batch, columns: dict[str, int]) -> torch.Tensor:
+    """(structures,): whether a structure of the batch has reference forces for an energy output."""
+    has = torch.zeros(len(batch), dtype=torch.bool)
+    for name in columns:
+        target = name.removeprefix("mtt::")
+        if target in batch.forces:
+            present = batch.present.get((target, "forces"))
+            has |= torch.ones(len(batch), dtype=torch.bool) if present is None else present.cpu()
+    return has
 
 
 def _force_sums(
