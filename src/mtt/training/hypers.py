@@ -181,9 +181,9 @@ class TrainerHypers:
     uncertainty_forces: bool = option(
         True,
         "For a run that trains forces, draw the ensemble from the last-layer posterior of the energies and "
-        "forces (one backward pass per last-layer feature over the training and validation sets), which "
-        "ranks the force errors better; false: from the energies' posterior (no pass over the training set's "
-        "Jacobians: a cheaper fit for large training sets).",
+        "forces (second backward passes along 8 random displacements of each training structure, and one "
+        "backward pass per last-layer feature over the validation set), which ranks the force errors better; "
+        "false: from the energies' posterior (no pass over the training set's derivatives: a cheaper fit).",
     )
     shallow_ensemble: Optional[ShallowEnsembleHypers] = option(
         None,
