@@ -17,8 +17,9 @@ The ensemble, whose members' forces give the force uncertainty, is sampled from 
 posterior: last-layer weight deviations ``A @ z`` with ``A = (P + r I)^-1/2`` and ``z``
 of identity covariance (seeded: the same on every rank). Without forces ``P`` is ``C``;
 with forces it is the precision of the energies and forces both, ``C`` plus a share of
-the training forces' Gram matrix of feature Jacobians, the share and ``r`` chosen by the
-likelihood of the validation force errors under the posterior's variances. The energies'
+the training forces' Gram matrix of feature Jacobians (sketched from random displacements
+of each structure), the share and ``r`` chosen by the likelihood of the validation force
+errors under the posterior's exact variances. The energies'
 posterior alone leaves the directions the forces constrained loose and ranks the force
 errors poorly. The spread is then scaled, by the same likelihood, to the validation
 forces' errors when the run has forces (what an MD needs), else to the energies' as the
@@ -447,7 +448,9 @@ def _force_gram(
     model.eval()
     width = model.uncertainty.inverse.shape[0]
     gram = torch.zeros((width, width), dtype=torch.float64)
-    items = trainer.set_batches(structures)
+    # halves of the evaluation batches, the training batch's size: the second-order graph is
+    # as large as a training step's
+    items = [half for batch in trainer.set_batches(structures) for half in _halves(batch) if half]
     for indices, read in zip(items, trainer.loader(structures, model).batches(items)):
         batch = trainer.batch(read)
         flat, positions = batch.flat, batch.positions[0]
@@ -463,6 +466,11 @@ def _force_gram(
                 summed = summed.index_add(0, flat.structure.cpu(), along)[kept]
                 gram += summed.T @ summed / FORCE_PROBES
     return gram
+
+
+def _halves(indices: list[int]) -> tuple[list[int], list[int]]:
+    middle = (len(indices) + 1) // 2
+    return indices[:middle], indices[middle:]
 
 
 def _displacements(seed: int, index: int, atoms: int) -> torch.Tensor:
