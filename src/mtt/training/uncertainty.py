@@ -425,9 +425,7 @@ def _force_jacobians(
                     continue
                 predicted = -torch.autograd.grad(per_atom[:, column].sum(), positions, retain_graph=True)[0]
                 errors.append((predicted.double() - reference.double()).reshape(-1).cpu())
-                has = batch.present.get((target, "forces"))
-                has = torch.ones(len(positions), dtype=torch.bool) if has is None else has[flat.structure].cpu()
-                present.append(has.repeat_interleave(3))
+                present.append(_with_forces(batch, target)[flat.structure.cpu()].repeat_interleave(3))
         yield jacobian.double().reshape(len(jacobian), -1).T.cpu(), torch.stack(errors, 1), torch.stack(present, 1)
 
 
@@ -479,14 +477,18 @@ def _displacements(seed: int, index: int, atoms: int) -> torch.Tensor:
     return torch.randint(0, 2, (atoms, 3, FORCE_PROBES), generator=generator, dtype=torch.float64) * 2 - 1
 
 
+def _with_forces(batch: Batch, target: str) -> torch.Tensor:
+    """(structures,): whether each structure of the batch has reference forces of ``target``."""
+    if target not in batch.forces:
+        return torch.zeros(len(batch), dtype=torch.bool)
+    return batch.present.get((target, "forces"), torch.ones(len(batch), dtype=torch.bool)).cpu()
+
+
 def _has_forces(batch: Batch, columns: dict[str, int]) -> torch.Tensor:
     """(structures,): whether a structure of the batch has reference forces for an energy output."""
     has = torch.zeros(len(batch), dtype=torch.bool)
     for name in columns:
-        target = name.removeprefix("mtt::")
-        if target in batch.forces:
-            present = batch.present.get((target, "forces"))
-            has |= torch.ones(len(batch), dtype=torch.bool) if present is None else present.cpu()
+        has |= _with_forces(batch, name.removeprefix("mtt::"))
     return has
 
 
