@@ -314,7 +314,7 @@ def _collect_uncertainties(
         for frame, value in zip(frames, deviation.tolist()):
             frame.info[output.replace("/", "_")] = value
         if target in batch.values:
-            has = batch.present.get((target, "values"), torch.ones(len(batch), dtype=torch.bool))
+            has = batch.has(target, "values")
             error = predictions.values[target].double().reshape(-1) - batch.values[target].double().reshape(-1)
             collected.add(target, (error[has], deviation[has]), (error[has], deviation[has]))
     structure_of_atom = torch.repeat_interleave(torch.arange(len(batch)), batch.n_atoms)
@@ -335,7 +335,7 @@ def _collect_uncertainties(
             first += len(frame)
         if target not in batch.forces:
             continue
-        has = batch.present.get((target, "forces"), torch.ones(len(batch), dtype=torch.bool))
+        has = batch.has(target, "forces")
         error = predictions.forces[target].double() - batch.forces[target].double()
         squared = torch.zeros(len(batch), dtype=torch.float64).index_add(0, structure_of_atom, (error**2).mean(1))
         rmse = torch.sqrt(squared / batch.n_atoms.double())

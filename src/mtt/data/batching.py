@@ -127,6 +127,15 @@ class Batch:
     def __len__(self) -> int:
         return len(self.n_atoms)
 
+    def has(self, target: str, kind: str) -> torch.Tensor:
+        """(n_systems,) bool: which structures of the batch have the reference ``kind``
+        ("values", "forces" or "stress") of ``target``; none when the batch has no such
+        reference at all."""
+        references = {"values": self.values, "forces": self.forces, "stress": self.stress}[kind]
+        if target not in references:
+            return torch.zeros(len(self), dtype=torch.bool, device=self.n_atoms.device)
+        return self.present.get((target, kind), torch.ones(len(self), dtype=torch.bool, device=self.n_atoms.device))
+
 
 @dataclass
 class _Prepared:

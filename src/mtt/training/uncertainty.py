@@ -193,8 +193,7 @@ def _features_of_set(
                 has.append(torch.zeros(n, dtype=torch.bool))
                 continue
             error.append(totals[:, column] - reference[:, 0].double().cpu())
-            mask = batch.present.get((target, "values"))
-            has.append(torch.ones(n, dtype=torch.bool) if mask is None else mask.cpu())
+            has.append(batch.has(target, "values").cpu())
         errors.append(torch.stack(error, 1))
         present.append(torch.stack(has, 1))
     if not rows:
@@ -425,7 +424,7 @@ def _force_jacobians(
                     continue
                 predicted = -torch.autograd.grad(per_atom[:, column].sum(), positions, retain_graph=True)[0]
                 errors.append((predicted.double() - reference.double()).reshape(-1).cpu())
-                present.append(_with_forces(batch, target)[flat.structure.cpu()].repeat_interleave(3))
+                present.append(batch.has(target, "forces").cpu()[flat.structure.cpu()].repeat_interleave(3))
         yield jacobian.double().reshape(len(jacobian), -1).T.cpu(), torch.stack(errors, 1), torch.stack(present, 1)
 
 
@@ -477,18 +476,11 @@ def _displacements(seed: int, index: int, atoms: int) -> torch.Tensor:
     return torch.randint(0, 2, (atoms, 3, FORCE_PROBES), generator=generator, dtype=torch.float64) * 2 - 1
 
 
-def _with_forces(batch: Batch, target: str) -> torch.Tensor:
-    """(structures,): whether each structure of the batch has reference forces of ``target``."""
-    if target not in batch.forces:
-        return torch.zeros(len(batch), dtype=torch.bool)
-    return batch.present.get((target, "forces"), torch.ones(len(batch), dtype=torch.bool)).cpu()
-
-
 def _has_forces(batch: Batch, columns: dict[str, int]) -> torch.Tensor:
     """(structures,): whether a structure of the batch has reference forces for an energy output."""
     has = torch.zeros(len(batch), dtype=torch.bool)
     for name in columns:
-        has |= _with_forces(batch, name.removeprefix("mtt::"))
+        has |= batch.has(name.removeprefix("mtt::"), "forces").cpu()
     return has
 
 
