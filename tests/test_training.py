@@ -230,8 +230,8 @@ def test_validation_batches_change_no_figure(tmp_path, emt_file):
 @pytest.mark.parametrize(
     "name, targets, loss, expected",
     [
-        # equivariant_mp weighs the forces 10 unless told otherwise, and says so
-        ("equivariant_mp", "forces: on", "", "loss weights: forces 10 (equivariant_mp's default); the other"),
+        # equivariant_mp weighs the forces 3 unless told otherwise, and says so
+        ("equivariant_mp", "forces: on", "", "loss weights: forces 3 (equivariant_mp's default); the other"),
         ("equivariant_mp", "forces: on", "loss: {weights: {forces: 2, energy: 3}}", "weights: energy 3, forces 2;"),
         # without forces the architecture's weight of them applies to nothing: no error, no line
         ("equivariant_mp", "forces: off", "", None),

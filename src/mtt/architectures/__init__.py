@@ -12,7 +12,7 @@ hyperparameters) and ``__maintainers__``, and optionally
 - ``__default_precision__``: the ``base_precision`` (32 or 64, by default 64) of a run whose
   options set none, the one its measurements favour;
 - ``__loss_weights__``: weights of the loss terms that the user's ``loss.weights`` leave
-  out, by the same names (``{"forces": 10}``), where a run learns them; the others weigh 1;
+  out, by the same names (``{"forces": 3}``), where a run learns them; the others weigh 1;
 - ``__target_kinds__``: the kinds of targets its models predict, among "scalar", "scalar
   per atom", "vector" and "vector per atom" (by default the scalars: a per-atom scalar is
   a column of ``per_atom_outputs`` that is not summed; vectors must rotate with the

@@ -19,7 +19,7 @@ class LossHypers:
     weights: dict[str, float] = option(
         {},
         "Weight of each term, by target name; 'forces' and 'stress' weigh the "
-        "derivatives of the energy. Missing terms weigh what the architecture sets (equivariant_mp: forces 10), "
+        "derivatives of the energy. Missing terms weigh what the architecture sets (equivariant_mp: forces 3), "
         "or 1.",
     )
     huber_delta: float = option(1.0, "Transition point of the Huber loss, on normalised errors.")
